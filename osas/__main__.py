@@ -1,0 +1,5 @@
+import sys
+
+from osas.cli import main
+
+sys.exit(main())

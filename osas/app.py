@@ -1,0 +1,163 @@
+"""The composition root: builds every part from the configuration and runs their lifecycle.
+
+Start: gRPC up and NOT_SERVING (RPCs answer UNAVAILABLE) -> first full sync -> workers and
+reconciler -> SERVING. Stop: NOT_SERVING -> stop accepting -> in-flight RPCs finish -> queued
+deletes drained (creates dropped) within the grace period -> cloud closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Literal
+
+import anyio
+import structlog
+from anyio.abc import TaskStatus
+
+from osas.cloud.errors import CloudError
+from osas.cloud.fake import FakeCloud, FakeNova
+from osas.cloud.port import Cloud
+from osas.config import ConfigError, OsasConfig
+from osas.domain.inventory import Inventory
+from osas.engine.controller import Controller
+from osas.engine.queue import TaskQueue
+from osas.engine.reconciler import Reconciler
+from osas.engine.workers import Workers
+from osas.service.server import ProviderServer
+
+logger = structlog.get_logger(__name__)
+
+LogFormat = Literal["json", "console"]
+_FIRST_SYNC_MAX_BACKOFF = 30.0
+# The fake cloud served by `osas serve` turns BUILD servers ACTIVE after this long.
+_FAKE_BUILD_SECONDS = 5.0
+
+
+def configure_logging(level: str = "info", fmt: LogFormat = "json") -> None:
+    """structlog for our own events, and the same rendering for stdlib loggers (domain, grpc)."""
+    shared: list[structlog.types.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    renderer: structlog.types.Processor = (
+        structlog.processors.JSONRenderer()
+        if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=True,
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=shared,
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                renderer,
+            ],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def build_cloud(config: OsasConfig) -> Cloud:
+    if config.cloud_backend == "fake":
+        return FakeCloud(FakeNova(build_seconds=_FAKE_BUILD_SECONDS))
+    raise ConfigError(
+        "cloud_backend 'openstack' is not available in this version yet; "
+        "use cloud_backend: fake to run against the in-memory cloud"
+    )
+
+
+async def _guarded(name: str, run: Callable[[], Awaitable[None]]) -> None:
+    """Run a background loop; if it dies, say so loudly and take the process down with it,
+    rather than serve from an inventory nobody updates."""
+    try:
+        await run()
+    except anyio.get_cancelled_exc_class():
+        raise
+    except Exception:
+        logger.exception("background task died", task=name)
+        raise
+
+
+class App:
+    """One osas process: inventory, queue, workers, reconciler, controller and gRPC servers."""
+
+    def __init__(self, config: OsasConfig, cloud: Cloud) -> None:
+        self.config = config
+        self.cloud = cloud
+        cluster = config.cluster_spec()
+        settings = config.engine_settings()
+        self.settings = settings
+        self.inventory = Inventory(cluster)
+        self.queue = TaskQueue(settings.queue_capacity)
+        self.reconciler = Reconciler(cluster, cloud, self.inventory, self.queue, settings)
+        self.workers = Workers(cluster, cloud, self.inventory, self.queue, settings)
+        self.controller = Controller(cluster, self.inventory, self.queue, self.reconciler, settings)
+        self.server = ProviderServer(self.controller, config.server_settings())
+        self._stop = anyio.Event()
+        self._workers_done = anyio.Event()
+        self.serving = anyio.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def _first_sync(self) -> None:
+        delay = self.settings.retry_backoff
+        while True:
+            try:
+                report = await self.reconciler.reconcile_once(full=True)
+            except CloudError as exc:
+                logger.warning("first sync failed; retrying", error=str(exc), retry_in=delay)
+                await anyio.sleep(delay)
+                delay = min(delay * 2, _FIRST_SYNC_MAX_BACKOFF)
+            else:
+                logger.info("first sync done", servers=report.servers)
+                return
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run until ``stop``; ``task_status.started()`` once health says SERVING."""
+        await self.server.start()
+        try:
+            async with anyio.create_task_group() as background:
+                await self._first_sync()
+                background.start_soon(_guarded, "workers", self._run_workers)
+                background.start_soon(_guarded, "reconciler", self.reconciler.run_reconciler)
+                await self.server.set_serving()
+                self.serving.set()
+                task_status.started()
+                await self._stop.wait()
+                await self._shutdown(background)
+        finally:
+            await self.cloud.close()
+
+    async def _run_workers(self) -> None:
+        try:
+            await self.workers.run_workers()
+        finally:
+            self._workers_done.set()
+
+    async def _shutdown(self, background: anyio.abc.TaskGroup) -> None:
+        logger.info("shutting down")
+        await self.server.stop()
+        self.workers.drain()
+        with anyio.move_on_after(self.server_grace) as scope:
+            await self._workers_done.wait()
+        if scope.cancelled_caught:
+            logger.warning("shutdown grace over; queued work abandoned", tasks=len(self.queue))
+        background.cancel_scope.cancel()
+
+    @property
+    def server_grace(self) -> float:
+        return self.config.shutdown_grace.total_seconds()

@@ -1,0 +1,1 @@
+"""The cloud port osas needs from OpenStack, and its adapters (in-memory fake, openstacksdk)."""

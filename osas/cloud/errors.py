@@ -1,0 +1,46 @@
+"""Errors a cloud adapter raises. Each adapter translates its own failures into these, once."""
+
+from __future__ import annotations
+
+from osas.domain.errors import OsasError
+from osas.domain.servers import ErrorClass, ErrorInfo
+
+
+class CloudError(OsasError):
+    """Any failure talking to the cloud."""
+
+    code = "CloudError"
+    error_class = ErrorClass.OTHER
+
+    def error_info(self) -> ErrorInfo:
+        """How a create that failed with this error is reported to the Cluster Autoscaler."""
+        return ErrorInfo(self.code, str(self), self.error_class)
+
+
+class CloudUnavailable(CloudError):
+    """Transient: 5xx, connection refused or reset, timeout. The request may have taken effect."""
+
+    code = "CloudUnavailable"
+
+
+class QuotaExceeded(CloudError):
+    """Nova refused a create for quota (403 or 413 "Quota exceeded ...")."""
+
+    code = "QuotaExceeded"
+    error_class = ErrorClass.OUT_OF_RESOURCES
+
+
+class RequestRejected(CloudError):
+    """Any other refusal (4xx): bad flavor, image, network, microversion... Not retried."""
+
+    code = "RequestRejected"
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class CloudConfigurationError(CloudError):
+    """The cloud cannot be used as configured (auth, endpoint, microversion)."""
+
+    code = "CloudConfigurationError"

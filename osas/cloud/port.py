@@ -1,0 +1,54 @@
+"""The narrow interface the engine uses to reach the cloud."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from osas.domain.servers import Flavor, ServerRecord
+from osas.domain.specs import BootVolume
+
+
+@dataclass(frozen=True, slots=True)
+class CreateServerRequest:
+    """Everything one create needs; names of resources are resolved by the adapter."""
+
+    name: str
+    flavor: str
+    image: str
+    networks: Sequence[str]
+    metadata: Mapping[str, str]
+    tags: Sequence[str]
+    user_data: str | None = None  # plain text; the adapter encodes it the way Nova wants
+    key_name: str | None = None
+    security_groups: Sequence[str] = ()
+    availability_zone: str | None = None
+    server_group: str | None = None
+    boot_volume: BootVolume | None = None
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+
+class Cloud(Protocol):
+    """The cloud as osas sees it. Every method may raise ``osas.cloud.errors.CloudError``."""
+
+    async def list_servers(
+        self, tag: str, *, changes_since: datetime | None = None
+    ) -> list[ServerRecord]:
+        """Servers carrying ``tag``; with ``changes_since``, only those updated since then."""
+        ...
+
+    async def get_server(self, server_id: str) -> ServerRecord | None:
+        """One server, None when Nova no longer has it."""
+        ...
+
+    async def create_server(self, request: CreateServerRequest) -> ServerRecord: ...
+
+    async def delete_server(self, server_id: str) -> None:
+        """Delete a server; one that is already gone is success."""
+        ...
+
+    async def get_flavor(self, name_or_id: str) -> Flavor | None: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,397 @@
+"""Configuration: a YAML file (``--config`` or ``OSAS_CONFIG``) overridden by ``OSAS_*``
+environment variables (``__`` between nested keys), validated whole before anything starts."""
+
+from __future__ import annotations
+
+import base64
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from osas.domain.ids import NAME_MAX_LENGTH, NAME_PATTERN, ProviderIdFormat
+from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST
+from osas.domain.specs import (
+    BootVolume,
+    ClusterSpec,
+    GpuSpec,
+    NodeGroupSpec,
+    OptionOverrides,
+    Pricing,
+    Taint,
+    TaintEffect,
+)
+from osas.engine.settings import EngineSettings
+from osas.service.settings import ServerSettings, TlsFiles
+
+CONFIG_ENV = "OSAS_CONFIG"
+_DURATION_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
+_LABEL_KEY_RE = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+_LABEL_VALUE_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+_ADDRESS_RE = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[^\s:\[\]]+):(\d{1,5})$")
+# Nova caps user data at 65535 bytes once base64-encoded, and metadata items at 255 bytes.
+_USER_DATA_MAX = 65535
+_METADATA_ITEM_MAX = 255
+_RESERVED_METADATA = frozenset({META_CLUSTER, META_GROUP, META_REQUEST})
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message names the file, the key and the reason."""
+
+
+def _parse_duration(value: Any) -> Any:
+    """Accept 90, "90", "90s", "5m", "1h30m" as well as what pydantic takes for a timedelta."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.replace(".", "", 1).isdigit():
+            return timedelta(seconds=float(text))
+        match = _DURATION_RE.match(text)
+        if match and text:
+            hours, minutes, seconds = (float(part) if part else 0.0 for part in match.groups())
+            return timedelta(hours=hours, minutes=minutes, seconds=seconds)
+        raise ValueError(f"not a duration: {value!r} (use e.g. 30s, 5m, 1h30m)")
+    return value
+
+
+Duration = Annotated[timedelta, BeforeValidator(_parse_duration)]
+Name = Annotated[str, Field(pattern=NAME_PATTERN, max_length=NAME_MAX_LENGTH)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TlsConfig(_Strict):
+    cert_file: Path
+    key_file: Path
+    client_ca_file: Path
+
+
+class OpenStackAuth(_Strict):
+    """An ``auth`` block as openstacksdk takes it (password or application credential)."""
+
+    auth_url: str
+    username: str | None = None
+    password: SecretStr | None = None
+    user_domain_name: str | None = None
+    project_name: str | None = None
+    project_id: str | None = None
+    project_domain_name: str | None = None
+    application_credential_id: str | None = None
+    application_credential_secret: SecretStr | None = None
+
+
+class OpenStackConfig(_Strict):
+    cloud: str | None = None  # an entry of clouds.yaml
+    auth: OpenStackAuth | None = None
+    region_name: str | None = None
+    interface: Literal["public", "internal", "admin"] | None = None
+    verify: bool = True
+    cacert: Path | None = None
+    api_timeout: Duration = timedelta(seconds=30)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        if self.cloud and self.auth:
+            raise ValueError("give either 'cloud' (clouds.yaml) or 'auth', not both")
+        return self
+
+
+class ReconcileConfig(_Strict):
+    interval: Duration = timedelta(seconds=10)
+    full_resync_interval: Duration = timedelta(minutes=5)
+    max_inventory_age: Duration = timedelta(minutes=3)
+    retry_backoff: Duration = timedelta(seconds=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.interval <= timedelta(0):
+            raise ValueError("interval must be positive")
+        if self.full_resync_interval < self.interval:
+            raise ValueError("full_resync_interval must not be shorter than interval")
+        if self.max_inventory_age <= self.interval:
+            raise ValueError("max_inventory_age must be longer than interval")
+        return self
+
+
+class QueueConfig(_Strict):
+    capacity: int = Field(1000, ge=1, le=100_000)
+    workers: int = Field(4, ge=1, le=64)
+
+
+class TaintConfig(_Strict):
+    key: str = Field(pattern=_LABEL_KEY_RE.pattern)
+    value: str = Field("", pattern=_LABEL_VALUE_RE.pattern)
+    effect: TaintEffect
+
+
+class GpuConfig(_Strict):
+    count: int = Field(ge=1, le=64)
+    type: str = Field(min_length=1, pattern=_LABEL_VALUE_RE.pattern)
+    resource: str = Field("nvidia.com/gpu", pattern=_LABEL_KEY_RE.pattern)
+
+
+class BootVolumeConfig(_Strict):
+    size: int = Field(ge=1, le=65536, description="GiB")
+    type: str | None = None
+
+
+class OptionsConfig(_Strict):
+    scale_down_utilization_threshold: float | None = Field(None, ge=0, le=1)
+    scale_down_gpu_utilization_threshold: float | None = Field(None, ge=0, le=1)
+    scale_down_unneeded_time: Duration | None = None
+    scale_down_unready_time: Duration | None = None
+    max_node_provision_time: Duration | None = None
+    zero_or_max_node_scaling: bool | None = None
+    ignore_daemonsets_utilization: bool | None = None
+
+    @model_validator(mode="after")
+    def _positive(self) -> Self:
+        for name in ("scale_down_unneeded_time", "scale_down_unready_time"):
+            value = getattr(self, name)
+            if value is not None and value <= timedelta(0):
+                raise ValueError(f"{name} must be positive (CA would use 0 verbatim)")
+        if self.max_node_provision_time is not None and self.max_node_provision_time <= timedelta(
+            0
+        ):
+            raise ValueError("max_node_provision_time must be positive (CA would use 0 verbatim)")
+        return self
+
+
+class NodeGroupConfig(_Strict):
+    id: Name
+    min_size: int = Field(ge=0, le=10_000)
+    max_size: int = Field(ge=0, le=10_000)
+    flavor: str = Field(min_length=1)
+    image: str = Field(min_length=1)
+    networks: list[str] = Field(min_length=1)
+    key_name: str | None = None
+    security_groups: list[str] = []
+    availability_zone: str | None = None
+    server_group: str | None = None
+    user_data: str | None = None
+    boot_volume: BootVolumeConfig | None = None
+    metadata: dict[str, str] = {}
+    labels: dict[str, str] = {}
+    taints: list[TaintConfig] = []
+    gpu: GpuConfig | None = None
+    options: OptionsConfig = OptionsConfig()
+    price_per_hour: float | None = Field(None, ge=0)
+    max_pods: int = Field(110, ge=1, le=10_000)
+    architecture: Literal["amd64", "arm64", "ppc64le", "s390x"] = "amd64"
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.min_size > self.max_size:
+            raise ValueError(f"min_size {self.min_size} is greater than max_size {self.max_size}")
+        if self.user_data is not None:
+            encoded = len(base64.b64encode(self.user_data.encode()))
+            if encoded > _USER_DATA_MAX:
+                raise ValueError(
+                    f"user_data is {encoded} bytes base64-encoded; Nova accepts {_USER_DATA_MAX}"
+                )
+        reserved = _RESERVED_METADATA & self.metadata.keys()
+        if reserved:
+            raise ValueError(f"metadata keys {sorted(reserved)} are osas's ownership marks")
+        for key, value in self.metadata.items():
+            if not key or len(key) > _METADATA_ITEM_MAX or len(value) > _METADATA_ITEM_MAX:
+                raise ValueError(f"metadata {key!r}: keys and values are 1 to 255 characters")
+        for key, value in self.labels.items():
+            if not _LABEL_KEY_RE.match(key) or not _LABEL_VALUE_RE.match(value):
+                raise ValueError(f"label {key}={value!r} is not a valid Kubernetes label")
+        return self
+
+    def spec(self) -> NodeGroupSpec:
+        options = self.options
+        return NodeGroupSpec(
+            group_id=self.id,
+            min_size=self.min_size,
+            max_size=self.max_size,
+            flavor=self.flavor,
+            image=self.image,
+            networks=tuple(self.networks),
+            key_name=self.key_name,
+            security_groups=tuple(self.security_groups),
+            availability_zone=self.availability_zone,
+            server_group=self.server_group,
+            user_data=self.user_data,
+            boot_volume=(
+                BootVolume(self.boot_volume.size, self.boot_volume.type)
+                if self.boot_volume
+                else None
+            ),
+            metadata=dict(self.metadata),
+            labels=dict(self.labels),
+            taints=tuple(Taint(t.key, t.value, t.effect) for t in self.taints),
+            gpu=GpuSpec(self.gpu.count, self.gpu.type, self.gpu.resource) if self.gpu else None,
+            options=OptionOverrides(**options.model_dump()),
+            price_per_hour=self.price_per_hour,
+            max_pods=self.max_pods,
+            architecture=self.architecture,
+        )
+
+
+class PricingConfig(_Strict):
+    cpu_per_hour: float = Field(ge=0)
+    memory_gib_per_hour: float = Field(ge=0)
+    gpu_per_hour: float = Field(0.0, ge=0)
+
+
+class OsasConfig(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="OSAS_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    cluster_name: Name
+    listen: str = Field("0.0.0.0:8086", pattern=_ADDRESS_RE.pattern)
+    health_listen: str = Field("0.0.0.0:8087", pattern=_ADDRESS_RE.pattern)
+    tls: TlsConfig | None = None
+    insecure: bool = False
+    cloud_backend: Literal["openstack", "fake"] = "openstack"
+    openstack: OpenStackConfig = OpenStackConfig()
+    provider_id_region: str = Field("", pattern=r"^[^/\s]*$")
+    gpu_label: str = Field("nvidia.com/gpu.product", pattern=_LABEL_KEY_RE.pattern)
+    gpu_types: list[str] = []
+    pricing: PricingConfig | None = None
+    reconcile: ReconcileConfig = ReconcileConfig()
+    queue: QueueConfig = QueueConfig()
+    shutdown_grace: Duration = timedelta(seconds=20)
+    node_groups: list[NodeGroupConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.tls is not None and self.insecure:
+            raise ValueError("both 'tls' and 'insecure: true' are set; choose one")
+        if self.tls is None and not self.insecure:
+            raise ValueError("'tls' is required (or set 'insecure: true' to serve plaintext)")
+        if self.listen == self.health_listen and not self.listen.endswith(":0"):
+            raise ValueError("listen and health_listen must differ")
+        seen: set[str] = set()
+        for group in self.node_groups:
+            if group.id in seen:
+                raise ValueError(f"duplicate node group id {group.id!r}")
+            seen.add(group.id)
+        return self
+
+    def cluster_spec(self) -> ClusterSpec:
+        return ClusterSpec(
+            cluster_name=self.cluster_name,
+            node_groups=tuple(group.spec() for group in self.node_groups),
+            provider_ids=ProviderIdFormat(self.provider_id_region),
+            gpu_label=self.gpu_label,
+            gpu_types=tuple(self.gpu_types),
+            pricing=Pricing(**self.pricing.model_dump()) if self.pricing else None,
+        )
+
+    def engine_settings(self) -> EngineSettings:
+        return EngineSettings(
+            queue_capacity=self.queue.capacity,
+            workers=self.queue.workers,
+            reconcile_interval=self.reconcile.interval.total_seconds(),
+            full_resync_interval=self.reconcile.full_resync_interval.total_seconds(),
+            max_inventory_age=self.reconcile.max_inventory_age.total_seconds(),
+            retry_backoff=self.reconcile.retry_backoff.total_seconds(),
+        )
+
+    def server_settings(self) -> ServerSettings:
+        tls = self.tls
+        return ServerSettings(
+            listen=self.listen,
+            health_listen=self.health_listen,
+            tls=TlsFiles(tls.cert_file, tls.key_file, tls.client_ca_file) if tls else None,
+            shutdown_grace=self.shutdown_grace.total_seconds(),
+        )
+
+
+class _YamlSource(PydanticBaseSettingsSource):
+    def __init__(self, settings_cls: type[BaseSettings], data: dict[str, Any]) -> None:
+        super().__init__(settings_cls)
+        self._data = data
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:  # noqa: ARG002 - signature set by pydantic-settings
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return self._data
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys")
+    return data
+
+
+def _where(loc: tuple[int | str, ...], data: dict[str, Any]) -> str:
+    """``node_groups[1](gpu).min_size`` rather than ``node_groups.1.min_size``."""
+    parts: list[str] = []
+    node: Any = data
+    for item in loc:
+        if isinstance(item, int):
+            label = f"[{item}]"
+            node = node[item] if isinstance(node, list) and item < len(node) else None
+            if isinstance(node, dict) and isinstance(node.get("id"), str):
+                label += f"({node['id']})"
+            parts.append(label)
+        else:
+            parts.append(f".{item}" if parts else item)
+            node = node.get(item) if isinstance(node, dict) else None
+    return "".join(parts) or "(top level)"
+
+
+def load_config(path: Path) -> OsasConfig:
+    """Read and validate the configuration; every problem is reported at once in ConfigError."""
+    data = _read_yaml(path)
+
+    class _FromFile(OsasConfig):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,  # noqa: ARG003
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,  # noqa: ARG003
+            file_secret_settings: PydanticBaseSettingsSource,  # noqa: ARG003
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            # Environment first: OSAS_* variables override the file.
+            return (env_settings, _YamlSource(settings_cls, data))
+
+    try:
+        return _FromFile()
+    except ValidationError as exc:
+        problems = [
+            f"{path}: {_where(tuple(err['loc']), data)}: {err['msg'].removeprefix('Value error, ')}"
+            for err in exc.errors()
+        ]
+        raise ConfigError("\n".join(problems)) from exc

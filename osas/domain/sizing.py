@@ -1,0 +1,222 @@
+"""The decisions behind every mutating RPC, taken on the inventory without changing it.
+
+Each ``plan_*`` either raises an ``OsasError`` that says precisely why the request is refused,
+or returns what must change; the engine then reserves queue room and applies the plan in one go,
+so a refused request changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from osas.domain.errors import (
+    InvalidRequest,
+    NodeGroupNotFound,
+    NodeNotFound,
+    PreconditionFailed,
+)
+from osas.domain.ids import (
+    NamedNode,
+    PlaceholderNode,
+    ServerNode,
+    parse_node,
+    placeholder_id,
+)
+from osas.domain.inventory import CreateStage, Inventory
+from osas.domain.servers import Server
+from osas.domain.specs import ClusterSpec, NodeGroupSpec
+
+
+def require_group(cluster: ClusterSpec, group_id: str) -> NodeGroupSpec:
+    spec = cluster.group(group_id)
+    if spec is None:
+        raise NodeGroupNotFound(f"node group {group_id!r} is not configured")
+    return spec
+
+
+def plan_increase(cluster: ClusterSpec, inventory: Inventory, group_id: str, delta: int) -> int:
+    """How many creates to queue for IncreaseSize(delta)."""
+    spec = require_group(cluster, group_id)
+    if delta <= 0:
+        raise InvalidRequest(f"size increase must be positive, got {delta}")
+    target = inventory.target_size(group_id)
+    if target + delta > spec.max_size:
+        raise PreconditionFailed(
+            f"size increase too large: target {target} + {delta} exceeds max size "
+            f"{spec.max_size} of node group {group_id!r}"
+        )
+    return delta
+
+
+@dataclass(frozen=True, slots=True)
+class DecreasePlan:
+    failures: tuple[str, ...]  # request ids of failed creates to forget
+    cancels: tuple[str, ...]  # request ids of queued creates to cancel
+
+
+def plan_decrease(
+    cluster: ClusterSpec, inventory: Inventory, group_id: str, delta: int
+) -> DecreasePlan:
+    """DecreaseTargetSize(delta): give up creates that never became servers, newest first."""
+    require_group(cluster, group_id)
+    if delta >= 0:
+        raise InvalidRequest(f"size decrease must be negative, got {delta}")
+    failures = [f.request_id for f in inventory.failures_of(group_id)]
+    queued = [c.request_id for c in inventory.cancellable_creates(group_id)]
+    candidates = failures + queued
+    if -delta > len(candidates):
+        raise PreconditionFailed(
+            f"attempt to delete existing nodes: node group {group_id!r} has only "
+            f"{len(candidates)} unfulfilled creates to cancel, asked for {-delta}; "
+            "DecreaseTargetSize never deletes servers"
+        )
+    chosen = candidates[len(candidates) + delta :]
+    return DecreasePlan(
+        failures=tuple(r for r in chosen if r in failures),
+        cancels=tuple(r for r in chosen if r not in failures),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DeletePlan:
+    group_id: str
+    servers: tuple[str, ...] = ()  # server ids to mark deleting and delete through the queue
+    failures: tuple[str, ...] = ()  # failed creates to forget
+    cancels: tuple[str, ...] = ()  # queued creates to cancel
+    dooms: tuple[str, ...] = ()  # creates in flight: delete their server once it exists
+    repeats: int = 0  # nodes already being deleted or gone: nothing to do
+
+    @property
+    def removals(self) -> int:
+        return len(self.servers) + len(self.failures) + len(self.cancels) + len(self.dooms)
+
+
+class _DeleteBuilder:
+    def __init__(self, inventory: Inventory, cluster: ClusterSpec, group_id: str) -> None:
+        self.inventory = inventory
+        self.cluster = cluster
+        self.group_id = group_id
+        self.servers: list[str] = []
+        self.failures: list[str] = []
+        self.cancels: list[str] = []
+        self.dooms: list[str] = []
+        self.repeats = 0
+        self.healthy_removals = 0
+        self.seen: set[str] = set()
+
+    def _claim(self, instance_id: str, shown: str) -> None:
+        if instance_id in self.seen:
+            raise InvalidRequest(f"node {shown!r} appears more than once in the request")
+        self.seen.add(instance_id)
+
+    def _check_group(self, group_id: str, shown: str) -> None:
+        if group_id != self.group_id:
+            raise InvalidRequest(
+                f"node {shown!r} belongs to node group {group_id!r}, not {self.group_id!r}"
+            )
+
+    def add_server(self, server: Server, shown: str) -> None:
+        self._claim(self.cluster.provider_ids.format(server.server_id), shown)
+        self._check_group(server.group_id, shown)
+        if self.inventory.is_deleting(server):
+            self.repeats += 1
+            return
+        self.servers.append(server.server_id)
+        if server.status != "ERROR":
+            self.healthy_removals += 1
+
+    def add_server_id(self, server_id: str, shown: str) -> None:
+        server = self.inventory.server(server_id)
+        if server is not None:
+            self.add_server(server, shown)
+            return
+        instance_id = self.cluster.provider_ids.format(server_id)
+        create = self.inventory.pending_by_server(server_id)
+        if create is not None:
+            self._claim(instance_id, shown)
+            self._check_group(create.group_id, shown)
+            self._add_pending(create.request_id, create.doomed)
+            return
+        if self.inventory.recently_removed(instance_id):
+            self._claim(instance_id, shown)
+            self.repeats += 1
+            return
+        raise NodeNotFound(f"node {shown!r} is not a server of this cluster")
+
+    def add_placeholder(self, group_id: str, request_id: str, shown: str) -> None:
+        instance_id = placeholder_id(group_id, request_id)
+        self._claim(instance_id, shown)
+        self._check_group(group_id, shown)
+        if self.inventory.failure(request_id) is not None:
+            self.failures.append(request_id)
+            return
+        create = self.inventory.pending(request_id)
+        if create is not None and create.group_id == group_id:
+            self._add_pending(request_id, create.doomed)
+            return
+        if self.inventory.recently_removed(instance_id):
+            self.repeats += 1
+            return
+        raise NodeNotFound(f"placeholder {shown!r} is not known to this cluster")
+
+    def _add_pending(self, request_id: str, doomed: bool) -> None:
+        create = self.inventory.pending(request_id)
+        if create is None or doomed:
+            self.repeats += 1
+        elif create.stage is CreateStage.QUEUED:
+            self.cancels.append(request_id)
+            self.healthy_removals += 1
+        else:
+            self.dooms.append(request_id)
+            self.healthy_removals += 1
+
+    def add_named(self, name: str) -> None:
+        servers = self.inventory.servers_named(name)
+        if not servers:
+            raise NodeNotFound(f"node {name!r} has no provider id and no server of that name")
+        if len(servers) > 1:
+            raise InvalidRequest(f"node {name!r} has no provider id and its name is ambiguous")
+        self.add_server(servers[0], name)
+
+
+def plan_delete(
+    cluster: ClusterSpec,
+    inventory: Inventory,
+    group_id: str,
+    nodes: Sequence[tuple[str, str]],
+) -> DeletePlan:
+    """DeleteNodes for ``(name, provider_id)`` pairs: all of them are ours and of this group, or
+    the request is refused whole.
+
+    Failed creates and ERROR servers can never become nodes, so removing them is allowed below
+    the group's min size; CA's clean-up of creation errors would otherwise loop forever.
+    """
+    spec = require_group(cluster, group_id)
+    if not nodes:
+        raise InvalidRequest("no nodes to delete")
+    builder = _DeleteBuilder(inventory, cluster, group_id)
+    for name, provider_id in nodes:
+        ref = parse_node(name, provider_id, cluster.provider_ids)
+        shown = provider_id or name
+        match ref:
+            case ServerNode(server_id):
+                builder.add_server_id(server_id, shown)
+            case PlaceholderNode(ref_group, request_id):
+                builder.add_placeholder(ref_group, request_id, shown)
+            case NamedNode(node_name):
+                builder.add_named(node_name)
+    target = inventory.target_size(group_id)
+    if target - builder.healthy_removals < spec.min_size:
+        raise PreconditionFailed(
+            f"min size reached: deleting {builder.healthy_removals} nodes would take node group "
+            f"{group_id!r} from {target} to below its min size {spec.min_size}"
+        )
+    return DeletePlan(
+        group_id=group_id,
+        servers=tuple(builder.servers),
+        failures=tuple(builder.failures),
+        cancels=tuple(builder.cancels),
+        dooms=tuple(builder.dooms),
+        repeats=builder.repeats,
+    )

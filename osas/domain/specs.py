@@ -1,0 +1,110 @@
+"""What the operator configured: the cluster and its node groups, as plain immutable values."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from datetime import timedelta
+from enum import StrEnum
+
+from osas.domain.ids import ProviderIdFormat
+
+
+class TaintEffect(StrEnum):
+    NO_SCHEDULE = "NoSchedule"
+    PREFER_NO_SCHEDULE = "PreferNoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str
+    effect: TaintEffect
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    count: int
+    type: str
+    resource: str = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True, slots=True)
+class BootVolume:
+    size_gib: int
+    volume_type: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OptionOverrides:
+    """Per-group autoscaling options; None keeps the Cluster Autoscaler's own default."""
+
+    scale_down_utilization_threshold: float | None = None
+    scale_down_gpu_utilization_threshold: float | None = None
+    scale_down_unneeded_time: timedelta | None = None
+    scale_down_unready_time: timedelta | None = None
+    max_node_provision_time: timedelta | None = None
+    zero_or_max_node_scaling: bool | None = None
+    ignore_daemonsets_utilization: bool | None = None
+
+    def is_empty(self) -> bool:
+        return all(getattr(self, f.name) is None for f in fields(self))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeGroupSpec:
+    """One node group: its size bounds and how to build and describe its servers."""
+
+    group_id: str
+    min_size: int
+    max_size: int
+    flavor: str
+    image: str
+    networks: tuple[str, ...]
+    key_name: str | None = None
+    security_groups: tuple[str, ...] = ()
+    availability_zone: str | None = None
+    server_group: str | None = None
+    user_data: str | None = None
+    boot_volume: BootVolume | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    gpu: GpuSpec | None = None
+    options: OptionOverrides = field(default_factory=OptionOverrides)
+    price_per_hour: float | None = None
+    max_pods: int = 110
+    architecture: str = "amd64"
+
+    def debug(self) -> str:
+        """The short description CA logs; it must never hold secrets (user data is left out)."""
+        return (
+            f"{self.group_id} [{self.min_size}..{self.max_size}] flavor={self.flavor} "
+            f"image={self.image}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Pricing:
+    """Prices per hour for the price expander; a pod costs what it requests."""
+
+    cpu_per_hour: float
+    memory_gib_per_hour: float
+    gpu_per_hour: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    cluster_name: str
+    node_groups: tuple[NodeGroupSpec, ...]
+    provider_ids: ProviderIdFormat = field(default_factory=ProviderIdFormat)
+    gpu_label: str = "nvidia.com/gpu.product"
+    gpu_types: tuple[str, ...] = ()
+    pricing: Pricing | None = None
+
+    def group(self, group_id: str) -> NodeGroupSpec | None:
+        for spec in self.node_groups:
+            if spec.group_id == group_id:
+                return spec
+        return None

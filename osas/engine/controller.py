@@ -1,0 +1,193 @@
+"""The engine's face to the service: every Cluster Autoscaler call, answered from the inventory
+or turned into queued work, with the decisions taken in the domain."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from decimal import Decimal
+
+import anyio
+import structlog
+
+from osas.domain.errors import NodeNotFound, NotReady, NotSupported
+from osas.domain.inventory import Instance, Inventory
+from osas.domain.options import AutoscalingOptions, group_options
+from osas.domain.pricing import node_price, pod_price
+from osas.domain.sizing import plan_decrease, plan_delete, plan_increase, require_group
+from osas.domain.specs import ClusterSpec, NodeGroupSpec
+from osas.domain.template import LABEL_INSTANCE_TYPE, NodeTemplate, build_template
+from osas.engine.queue import CreateTask, DeleteTask, TaskQueue
+from osas.engine.reconciler import Reconciler
+from osas.engine.settings import EngineSettings
+
+logger = structlog.get_logger(__name__)
+
+
+class Controller:
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        inventory: Inventory,
+        queue: TaskQueue,
+        reconciler: Reconciler,
+        settings: EngineSettings,
+    ) -> None:
+        self.cluster = cluster
+        self.inventory = inventory
+        self.queue = queue
+        self.reconciler = reconciler
+        self.settings = settings
+
+    def _ready(self) -> None:
+        if not self.inventory.synced:
+            raise NotReady("inventory not synced with OpenStack yet; try again shortly")
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    def node_groups(self) -> tuple[NodeGroupSpec, ...]:
+        self._ready()
+        return self.cluster.node_groups
+
+    def node_group_for_node(self, name: str, provider_id: str) -> NodeGroupSpec | None:
+        self._ready()
+        group_id = self.inventory.group_for_node(name, provider_id)
+        return None if group_id is None else self.cluster.group(group_id)
+
+    def target_size(self, group_id: str) -> int:
+        self._ready()
+        require_group(self.cluster, group_id)
+        return self.inventory.target_size(group_id)
+
+    def nodes(self, group_id: str) -> list[Instance]:
+        self._ready()
+        require_group(self.cluster, group_id)
+        return self.inventory.instances(group_id)
+
+    def template(self, group_id: str) -> NodeTemplate:
+        self._ready()
+        spec = require_group(self.cluster, group_id)
+        flavor = self.inventory.flavor(group_id)
+        if flavor is None:
+            raise NotSupported(f"flavor {spec.flavor!r} of node group {group_id!r} is unknown")
+        return build_template(self.cluster, spec, flavor)
+
+    def options(self, group_id: str, defaults: AutoscalingOptions) -> AutoscalingOptions:
+        self._ready()
+        spec = require_group(self.cluster, group_id)
+        return group_options(defaults, spec.options)
+
+    def gpu_label(self) -> str:
+        self._ready()
+        return self.cluster.gpu_label
+
+    def gpu_types(self) -> tuple[str, ...]:
+        self._ready()
+        return self.cluster.gpu_types
+
+    def node_price(
+        self, name: str, provider_id: str, labels: Mapping[str, str], start: float, end: float
+    ) -> float:
+        self._ready()
+        spec = self.node_group_for_node(name, provider_id)
+        if spec is None:
+            # Template nodes of the price expander carry no provider id: match the flavor.
+            instance_type = labels.get(LABEL_INSTANCE_TYPE)
+            spec = next(
+                (
+                    g
+                    for g in self.cluster.node_groups
+                    if (f := self.inventory.flavor(g.group_id)) is not None
+                    and instance_type in {f.name, f.flavor_id}
+                ),
+                None,
+            )
+        if spec is None:
+            raise NodeNotFound(f"node {provider_id or name!r} is not of any node group")
+        flavor = self.inventory.flavor(spec.group_id)
+        return node_price(spec, flavor, self.cluster.pricing, start, end)
+
+    def pod_price(self, requests: Mapping[str, Decimal], start: float, end: float) -> float:
+        self._ready()
+        gpu_resource = next(
+            (g.gpu.resource for g in self.cluster.node_groups if g.gpu is not None),
+            "nvidia.com/gpu",
+        )
+        return pod_price(self.cluster.pricing, requests, gpu_resource, start, end)
+
+    # -- mutations --------------------------------------------------------------------------------
+
+    def increase_size(self, group_id: str, delta: int) -> None:
+        self._ready()
+        count = plan_increase(self.cluster, self.inventory, group_id, delta)
+        tasks = [CreateTask(uuid.uuid4().hex, group_id) for _ in range(count)]
+        self.queue.ensure_room(len(tasks))
+        self.inventory.add_creates(group_id, [task.request_id for task in tasks])
+        self.queue.put_all(tasks)
+        logger.info(
+            "scale-up accepted",
+            group=group_id,
+            delta=delta,
+            target=self.inventory.target_size(group_id),
+        )
+
+    def delete_nodes(self, group_id: str, nodes: Sequence[tuple[str, str]]) -> None:
+        self._ready()
+        plan = plan_delete(self.cluster, self.inventory, group_id, nodes)
+        tasks = [DeleteTask(server_id, group_id) for server_id in plan.servers]
+        self.queue.ensure_room(len(tasks))
+        now = anyio.current_time()
+        self.inventory.mark_deleting(plan.servers, now)
+        for request_id in plan.failures:
+            self.inventory.remove_failure(request_id, now)
+        for request_id in plan.cancels:
+            self.inventory.cancel_create(request_id, now)
+        for request_id in plan.dooms:
+            self.inventory.doom_create(request_id)
+        self.queue.put_all(tasks)
+        logger.info(
+            "scale-down accepted",
+            group=group_id,
+            servers=len(plan.servers),
+            failed_creates=len(plan.failures),
+            cancelled_creates=len(plan.cancels) + len(plan.dooms),
+            repeats=plan.repeats,
+            target=self.inventory.target_size(group_id),
+        )
+
+    def decrease_target_size(self, group_id: str, delta: int) -> None:
+        self._ready()
+        plan = plan_decrease(self.cluster, self.inventory, group_id, delta)
+        now = anyio.current_time()
+        for request_id in plan.failures:
+            self.inventory.remove_failure(request_id, now)
+        for request_id in plan.cancels:
+            self.inventory.cancel_create(request_id, now)
+        logger.info(
+            "target decreased",
+            group=group_id,
+            delta=delta,
+            target=self.inventory.target_size(group_id),
+        )
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Nudge a sync; refuse (CA then skips its loop) only if the inventory is too stale."""
+        self.reconciler.nudge()
+        age = self.inventory.age(anyio.current_time())
+        if age is None:
+            raise NotReady("inventory not synced with OpenStack yet")
+        if age > self.settings.max_inventory_age:
+            raise NotReady(
+                f"inventory is {age:.0f}s old (limit {self.settings.max_inventory_age:.0f}s): "
+                f"OpenStack unreachable? last error: {self.reconciler.status.last_error}"
+            )
+
+    def cleanup(self) -> None:
+        """CA is shutting down. Accepted work is still carried out; say how much there is."""
+        logger.info(
+            "cleanup requested by the Cluster Autoscaler",
+            queued_tasks=len(self.queue),
+            deleting=len(self.inventory.deleting_ids()),
+        )

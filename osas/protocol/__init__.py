@@ -1,0 +1,1 @@
+"""Generated gRPC and protobuf code for the externalgrpc protocol (see proto/)."""

@@ -1,0 +1,1 @@
+"""The gRPC face of osas: translation between the protocol and the engine, nothing more."""

@@ -1,0 +1,74 @@
+"""The one place where osas errors become gRPC statuses, and every refusal is logged."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, cast
+
+import grpc
+import structlog
+
+from osas.cloud.errors import CloudError
+from osas.domain.errors import (
+    InvalidRequest,
+    NodeGroupNotFound,
+    NodeNotFound,
+    NotReady,
+    NotSupported,
+    OsasError,
+    Overloaded,
+    PreconditionFailed,
+)
+
+logger = structlog.get_logger(__name__)
+
+STATUS_OF_ERROR: dict[type[OsasError], grpc.StatusCode] = {
+    NodeGroupNotFound: grpc.StatusCode.NOT_FOUND,
+    NodeNotFound: grpc.StatusCode.NOT_FOUND,
+    InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    PreconditionFailed: grpc.StatusCode.FAILED_PRECONDITION,
+    NotSupported: grpc.StatusCode.UNIMPLEMENTED,
+    NotReady: grpc.StatusCode.UNAVAILABLE,
+    Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    CloudError: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def status_of(error: OsasError) -> grpc.StatusCode:
+    for cls in type(error).__mro__:
+        if cls in STATUS_OF_ERROR:
+            return STATUS_OF_ERROR[cls]
+    return grpc.StatusCode.INTERNAL
+
+
+S = TypeVar("S")
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Ctx = TypeVar("Ctx")
+
+
+def translate_errors(
+    method: Callable[[S, Req, Ctx], Awaitable[Resp]],
+) -> Callable[[S, Req, Ctx], Awaitable[Resp]]:
+    """Wrap an RPC: osas errors abort with their status; anything else is INTERNAL, logged with
+    its traceback but never shown to the client (it could hold details that are not theirs)."""
+    rpc = method.__name__
+
+    @functools.wraps(method)
+    async def wrapper(self: S, request: Req, context: Ctx) -> Resp:
+        aio_context = cast("grpc.aio.ServicerContext[Any, Any]", context)
+        try:
+            return await method(self, request, context)
+        except OsasError as exc:
+            code = status_of(exc)
+            if code is grpc.StatusCode.UNIMPLEMENTED:
+                logger.debug("rpc left to CA defaults", rpc=rpc, reason=str(exc))
+            else:
+                logger.warning("rpc refused", rpc=rpc, code=code.name, reason=str(exc))
+            await aio_context.abort(code, str(exc))
+        except Exception:
+            logger.exception("rpc failed", rpc=rpc)
+            await aio_context.abort(grpc.StatusCode.INTERNAL, f"{rpc} failed; see the osas log")
+
+    return wrapper

@@ -1,0 +1,266 @@
+"""Shared test plumbing: configs, a running provider on loopback, and a CA-like client."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import trustme
+import yaml
+
+from osas.app import App
+from osas.cloud.fake import FakeCloud, FakeNova
+from osas.config import OsasConfig, load_config
+from osas.protocol import externalgrpc_pb2 as pb
+from osas.protocol import externalgrpc_pb2_grpc as pb_grpc
+
+CLUSTER = "testc"
+# CA's default per-call timeout.
+CA_TIMEOUT = 5.0
+
+
+def config_data(**overrides: Any) -> dict[str, Any]:
+    """A valid configuration as YAML data, with two node groups."""
+    data: dict[str, Any] = {
+        "cluster_name": CLUSTER,
+        "listen": "127.0.0.1:0",
+        "health_listen": "127.0.0.1:0",
+        "insecure": True,
+        "cloud_backend": "fake",
+        "reconcile": {
+            "interval": "1h",
+            "full_resync_interval": "1h",
+            "max_inventory_age": "2h",
+            "retry_backoff": 0.01,
+        },
+        "queue": {"capacity": 50, "workers": 2},
+        "shutdown_grace": "5s",
+        "node_groups": [
+            {
+                "id": "workers",
+                "min_size": 1,
+                "max_size": 10,
+                "flavor": "m1.medium",
+                "image": "ubuntu-24.04",
+                "networks": ["cluster-net"],
+                "labels": {"pool": "workers"},
+                "user_data": "#cloud-config\nhostname: ${server_name}\n",
+            },
+            {
+                "id": "gpu",
+                "min_size": 0,
+                "max_size": 3,
+                "flavor": "g1.xlarge",
+                "image": "ubuntu-24.04",
+                "networks": ["cluster-net"],
+                "gpu": {"count": 1, "type": "nvidia-a100"},
+                "taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+                "options": {"scale_down_unneeded_time": "20m", "zero_or_max_node_scaling": True},
+                "availability_zone": "az-1",
+            },
+        ],
+    }
+    data.update(overrides)
+    return data
+
+
+def write_config(tmp_path: Path, data: dict[str, Any], name: str = "osas.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def make_config(tmp_path: Path, **overrides: Any) -> OsasConfig:
+    return load_config(write_config(tmp_path, config_data(**overrides)))
+
+
+@dataclass
+class Certs:
+    ca_pem: bytes
+    server_cert: Path
+    server_key: Path
+    client_ca: Path
+    client_cert_pem: bytes
+    client_key_pem: bytes
+
+
+def make_certs(tmp_path: Path) -> Certs:
+    ca = trustme.CA()
+    server = ca.issue_cert("localhost", "127.0.0.1")
+    client = ca.issue_cert("cluster-autoscaler.kube-system.svc")
+    server_cert = tmp_path / "tls.crt"
+    server_key = tmp_path / "tls.key"
+    client_ca = tmp_path / "ca.crt"
+    server_cert.write_bytes(b"".join(blob.bytes() for blob in server.cert_chain_pems))
+    server_key.write_bytes(server.private_key_pem.bytes())
+    client_ca.write_bytes(ca.cert_pem.bytes())
+    return Certs(
+        ca_pem=ca.cert_pem.bytes(),
+        server_cert=server_cert,
+        server_key=server_key,
+        client_ca=client_ca,
+        client_cert_pem=b"".join(blob.bytes() for blob in client.cert_chain_pems),
+        client_key_pem=client.private_key_pem.bytes(),
+    )
+
+
+class Provider:
+    """An osas App running in the test's event loop, served on 127.0.0.1."""
+
+    def __init__(self, config: OsasConfig, cloud: FakeCloud) -> None:
+        self.config = config
+        self.cloud = cloud
+        self.nova: FakeNova = cloud.nova
+        self.app = App(config, cloud)
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self, *, wait_serving: bool = True) -> None:
+        self._task = asyncio.ensure_future(self.app.run())
+        if wait_serving:
+            await self.wait_serving()
+        else:
+            while not self.app.server.port:
+                await asyncio.sleep(0.01)
+
+    async def wait_serving(self, timeout: float = 10.0) -> None:
+        async with asyncio.timeout(timeout):
+            while not self.app.serving.is_set():
+                assert self._task is not None
+                if self._task.done():
+                    self._task.result()
+                await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        self.app.stop()
+        if self._task is not None:
+            async with asyncio.timeout(15):
+                await self._task
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.app.server.port}"
+
+    async def sync(self, *, full: bool = True) -> None:
+        await self.app.reconciler.reconcile_once(full=full)
+
+
+@contextlib.asynccontextmanager
+async def running(config: OsasConfig, cloud: FakeCloud | None = None) -> AsyncIterator[Provider]:
+    provider = Provider(config, cloud or FakeCloud(FakeNova()))
+    await provider.start()
+    try:
+        yield provider
+    finally:
+        await provider.stop()
+
+
+class CaClient:
+    """Calls the provider the way cluster-autoscaler's externalgrpc client does."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.channel = channel
+        self.stub = pb_grpc.CloudProviderStub(channel)
+
+    async def refresh(self) -> None:
+        await self.stub.Refresh(pb.RefreshRequest(), timeout=CA_TIMEOUT)
+
+    async def node_groups(self) -> list[pb.NodeGroup]:
+        response = await self.stub.NodeGroups(pb.NodeGroupsRequest(), timeout=CA_TIMEOUT)
+        return list(response.nodeGroups)
+
+    async def group_for_node(self, name: str, provider_id: str) -> pb.NodeGroup:
+        request = pb.NodeGroupForNodeRequest(
+            node=pb.ExternalGrpcNode(name=name, providerID=provider_id)
+        )
+        response = await self.stub.NodeGroupForNode(request, timeout=CA_TIMEOUT)
+        return response.nodeGroup
+
+    async def target_size(self, group: str) -> int:
+        request = pb.NodeGroupTargetSizeRequest(id=group)
+        response = await self.stub.NodeGroupTargetSize(request, timeout=CA_TIMEOUT)
+        return response.targetSize
+
+    async def increase(self, group: str, delta: int) -> None:
+        request = pb.NodeGroupIncreaseSizeRequest(id=group, delta=delta)
+        await self.stub.NodeGroupIncreaseSize(request, timeout=CA_TIMEOUT)
+
+    async def decrease(self, group: str, delta: int) -> None:
+        request = pb.NodeGroupDecreaseTargetSizeRequest(id=group, delta=delta)
+        await self.stub.NodeGroupDecreaseTargetSize(request, timeout=CA_TIMEOUT)
+
+    async def delete(self, group: str, nodes: list[tuple[str, str]]) -> None:
+        request = pb.NodeGroupDeleteNodesRequest(
+            id=group,
+            nodes=[pb.ExternalGrpcNode(name=name, providerID=pid) for name, pid in nodes],
+        )
+        await self.stub.NodeGroupDeleteNodes(request, timeout=CA_TIMEOUT)
+
+    async def nodes(self, group: str) -> list[pb.Instance]:
+        request = pb.NodeGroupNodesRequest(id=group)
+        response = await self.stub.NodeGroupNodes(request, timeout=CA_TIMEOUT)
+        return list(response.instances)
+
+    async def template(self, group: str) -> pb.NodeGroupTemplateNodeInfoResponse:
+        request = pb.NodeGroupTemplateNodeInfoRequest(id=group)
+        return await self.stub.NodeGroupTemplateNodeInfo(request, timeout=CA_TIMEOUT)
+
+    async def options(
+        self, group: str, defaults: pb.NodeGroupAutoscalingOptions
+    ) -> pb.NodeGroupAutoscalingOptions:
+        request = pb.NodeGroupAutoscalingOptionsRequest(id=group, defaults=defaults)
+        response = await self.stub.NodeGroupGetOptions(request, timeout=CA_TIMEOUT)
+        return response.nodeGroupAutoscalingOptions
+
+
+@contextlib.asynccontextmanager
+async def ca_client(
+    address: str, certs: Certs | None = None, *, server_name: str | None = None
+) -> AsyncIterator[CaClient]:
+    if certs is None:
+        channel = grpc.aio.insecure_channel(address)
+    else:
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=certs.ca_pem,
+            private_key=certs.client_key_pem,
+            certificate_chain=certs.client_cert_pem,
+        )
+        options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+        channel = grpc.aio.secure_channel(address, credentials, options=options)
+    async with channel:
+        yield CaClient(channel)
+
+
+async def eventually(
+    check: Callable[[], bool], *, timeout: float = 10.0, what: str = "condition"
+) -> None:
+    """Wait until ``check()`` holds; fail with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            msg = f"timed out waiting for {what}"
+            raise AssertionError(msg)
+        await asyncio.sleep(0.02)
+
+
+async def expect_status(code: grpc.StatusCode, call: Awaitable[object]) -> str:
+    """Await an RPC that must fail with ``code``; the status details."""
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call
+    error = caught.value
+    assert error.code() == code, f"expected {code.name}, got {error.code().name}: {error.details()}"
+    return error.details() or ""
+
+
+def provider_id(server_id: str) -> str:
+    return f"openstack:///{server_id}"
+
+
+def states(instances: list[pb.Instance]) -> dict[str, int]:
+    return {i.id: i.status.instanceState for i in instances}
