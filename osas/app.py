@@ -14,7 +14,6 @@ from typing import Literal
 
 import anyio
 import structlog
-from anyio.abc import TaskStatus
 
 from osas.cloud.errors import CloudError
 from osas.cloud.fake import FakeCloud, FakeNova
@@ -126,21 +125,24 @@ class App:
                 logger.info("first sync done", servers=report.servers)
                 return
 
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Run until ``stop``; ``task_status.started()`` once health says SERVING."""
+    async def run(self) -> None:
+        """Run until ``stop``; ``serving`` is set once health says SERVING. Stopping works at
+        any point, also while the first sync is still waiting for OpenStack."""
         await self.server.start()
         try:
             async with anyio.create_task_group() as background:
-                await self._first_sync()
-                background.start_soon(_guarded, "workers", self._run_workers)
-                background.start_soon(_guarded, "reconciler", self.reconciler.run_reconciler)
-                await self.server.set_serving()
-                self.serving.set()
-                task_status.started()
+                background.start_soon(self._start_serving, background)
                 await self._stop.wait()
                 await self._shutdown(background)
         finally:
             await self.cloud.close()
+
+    async def _start_serving(self, background: anyio.abc.TaskGroup) -> None:
+        await self._first_sync()
+        background.start_soon(_guarded, "workers", self._run_workers)
+        background.start_soon(_guarded, "reconciler", self.reconciler.run_reconciler)
+        await self.server.set_serving()
+        self.serving.set()
 
     async def _run_workers(self) -> None:
         try:
@@ -152,9 +154,9 @@ class App:
         logger.info("shutting down")
         await self.server.stop()
         self.workers.drain()
-        with anyio.move_on_after(self.server_grace) as scope:
+        with anyio.move_on_after(self.server_grace if self.serving.is_set() else 0) as scope:
             await self._workers_done.wait()
-        if scope.cancelled_caught:
+        if scope.cancelled_caught and len(self.queue):
             logger.warning("shutdown grace over; queued work abandoned", tasks=len(self.queue))
         background.cancel_scope.cancel()
 

@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
 
 async def _serve(app: App) -> None:
     async with anyio.create_task_group() as group:
-        await group.start(app.run)
+        group.start_soon(app.run)
 
         async def stop_on_signal() -> None:
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

@@ -4,6 +4,7 @@ environment variables (``__`` between nested keys), validated whole before anyth
 from __future__ import annotations
 
 import base64
+import os
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -17,12 +18,14 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    field_validator,
     model_validator,
 )
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
 )
 
 from osas.domain.ids import NAME_MAX_LENGTH, NAME_PATTERN, ProviderIdFormat
@@ -40,7 +43,8 @@ from osas.domain.specs import (
 from osas.engine.settings import EngineSettings
 from osas.service.settings import ServerSettings, TlsFiles
 
-CONFIG_ENV = "OSAS_CONFIG"
+ENV_PREFIX = "OSAS_"
+CONFIG_ENV = f"{ENV_PREFIX}CONFIG"
 _DURATION_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
 _LABEL_KEY_RE = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
@@ -51,6 +55,7 @@ _ADDRESS_RE = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[^\s:\[\]]+):(\d{1,5})$")
 # Nova caps user data at 65535 bytes once base64-encoded, and metadata items at 255 bytes.
 _USER_DATA_MAX = 65535
 _METADATA_ITEM_MAX = 255
+_PORT_MAX = 65535
 _RESERVED_METADATA = frozenset({META_CLUSTER, META_GROUP, META_REQUEST})
 
 
@@ -60,15 +65,22 @@ class ConfigError(Exception):
 
 def _parse_duration(value: Any) -> Any:
     """Accept 90, "90", "90s", "5m", "1h30m" as well as what pydantic takes for a timedelta."""
-    if isinstance(value, str):
-        text = value.strip()
-        if text.replace(".", "", 1).isdigit():
-            return timedelta(seconds=float(text))
-        match = _DURATION_RE.match(text)
-        if match and text:
-            hours, minutes, seconds = (float(part) if part else 0.0 for part in match.groups())
-            return timedelta(hours=hours, minutes=minutes, seconds=seconds)
-        raise ValueError(f"not a duration: {value!r} (use e.g. 30s, 5m, 1h30m)")
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r} (use e.g. 30s, 5m, 1h30m)")  # noqa: TRY004
+    try:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.replace(".", "", 1).isdigit():
+                return timedelta(seconds=float(text))
+            match = _DURATION_RE.fullmatch(text)
+            if match and text:
+                hours, minutes, seconds = (float(part) if part else 0.0 for part in match.groups())
+                return timedelta(hours=hours, minutes=minutes, seconds=seconds)
+            raise ValueError(f"not a duration: {value!r} (use e.g. 30s, 5m, 1h30m)")
+        if isinstance(value, int | float):
+            return timedelta(seconds=value)
+    except OverflowError as exc:
+        raise ValueError(f"duration out of range: {value!r}") from exc
     return value
 
 
@@ -111,6 +123,8 @@ class OpenStackConfig(_Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:
+        if self.api_timeout <= timedelta(0):
+            raise ValueError("api_timeout must be positive")
         if self.cloud and self.auth:
             raise ValueError("give either 'cloud' (clouds.yaml) or 'auth', not both")
         return self
@@ -121,11 +135,14 @@ class ReconcileConfig(_Strict):
     full_resync_interval: Duration = timedelta(minutes=5)
     max_inventory_age: Duration = timedelta(minutes=3)
     retry_backoff: Duration = timedelta(seconds=1)
+    # A delete that failed for good is sent again when the server is still listed this long after.
+    delete_retry_after: Duration = timedelta(minutes=2)
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
-        if self.interval <= timedelta(0):
-            raise ValueError("interval must be positive")
+        for name in ("interval", "retry_backoff", "delete_retry_after"):
+            if getattr(self, name) <= timedelta(0):
+                raise ValueError(f"{name} must be positive")
         if self.full_resync_interval < self.interval:
             raise ValueError("full_resync_interval must not be shorter than interval")
         if self.max_inventory_age <= self.interval:
@@ -188,7 +205,7 @@ class NodeGroupConfig(_Strict):
     security_groups: list[str] = []
     availability_zone: str | None = None
     server_group: str | None = None
-    user_data: str | None = None
+    user_data: str | None = Field(None, repr=False)  # may hold bootstrap tokens
     boot_volume: BootVolumeConfig | None = None
     metadata: dict[str, str] = {}
     labels: dict[str, str] = {}
@@ -216,8 +233,8 @@ class NodeGroupConfig(_Strict):
             if not key or len(key) > _METADATA_ITEM_MAX or len(value) > _METADATA_ITEM_MAX:
                 raise ValueError(f"metadata {key!r}: keys and values are 1 to 255 characters")
         for key, value in self.labels.items():
-            if not _LABEL_KEY_RE.match(key) or not _LABEL_VALUE_RE.match(value):
-                raise ValueError(f"label {key}={value!r} is not a valid Kubernetes label")
+            if not _LABEL_KEY_RE.fullmatch(key) or not _LABEL_VALUE_RE.fullmatch(value):
+                raise ValueError(f"label {key!r}={value!r} is not a valid Kubernetes label")
         return self
 
     def spec(self) -> NodeGroupSpec:
@@ -258,7 +275,7 @@ class PricingConfig(_Strict):
 
 class OsasConfig(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="OSAS_",
+        env_prefix=ENV_PREFIX,
         env_nested_delimiter="__",
         extra="forbid",
         frozen=True,
@@ -280,8 +297,18 @@ class OsasConfig(BaseSettings):
     shutdown_grace: Duration = timedelta(seconds=20)
     node_groups: list[NodeGroupConfig] = Field(min_length=1)
 
+    @field_validator("listen", "health_listen")
+    @classmethod
+    def _port_in_range(cls, value: str) -> str:
+        port = int(value.rpartition(":")[2])
+        if port > _PORT_MAX:
+            raise ValueError(f"{value!r}: port {port} is above {_PORT_MAX}")
+        return value
+
     @model_validator(mode="after")
     def _check(self) -> Self:
+        if self.shutdown_grace < timedelta(0):
+            raise ValueError("shutdown_grace must not be negative")
         if self.tls is not None and self.insecure:
             raise ValueError("both 'tls' and 'insecure: true' are set; choose one")
         if self.tls is None and not self.insecure:
@@ -313,6 +340,7 @@ class OsasConfig(BaseSettings):
             full_resync_interval=self.reconcile.full_resync_interval.total_seconds(),
             max_inventory_age=self.reconcile.max_inventory_age.total_seconds(),
             retry_backoff=self.reconcile.retry_backoff.total_seconds(),
+            delete_retry_after=self.reconcile.delete_retry_after.total_seconds(),
         )
 
     def server_settings(self) -> ServerSettings:
@@ -342,6 +370,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -350,6 +380,10 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys")
+    odd = [key for key in data if not isinstance(key, str)]
+    if odd:
+        # YAML reads `on:` as True and `1:` as 1; quote such keys to mean the words.
+        raise ConfigError(f"{path}: {odd[0]!r}: keys must be strings (quote them)")
     return data
 
 
@@ -371,7 +405,9 @@ def _where(loc: tuple[int | str, ...], data: dict[str, Any]) -> str:
 
 
 def load_config(path: Path) -> OsasConfig:
-    """Read and validate the configuration; every problem is reported at once in ConfigError."""
+    """Read and validate the configuration. Problems with single keys are all reported at once
+    in ConfigError; checks across keys (duplicate ids, tls vs insecure) follow once the keys
+    themselves are valid."""
     data = _read_yaml(path)
 
     class _FromFile(OsasConfig):
@@ -389,9 +425,21 @@ def load_config(path: Path) -> OsasConfig:
 
     try:
         return _FromFile()
+    except SettingsError as exc:
+        raise ConfigError(f"{path}: an {ENV_PREFIX}* variable cannot be parsed: {exc}") from exc
     except ValidationError as exc:
-        problems = [
-            f"{path}: {_where(tuple(err['loc']), data)}: {err['msg'].removeprefix('Value error, ')}"
-            for err in exc.errors()
-        ]
+        problems = []
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            reason = err["msg"].removeprefix("Value error, ")
+            problems.append(f"{path}: {_where(loc, data)}: {reason}{_env_hint(loc)}")
         raise ConfigError("\n".join(problems)) from exc
+
+
+def _env_hint(loc: tuple[int | str, ...]) -> str:
+    """Say so when the offending key was set from the environment, not the file."""
+    if not loc or not isinstance(loc[0], str):
+        return ""
+    prefix = f"{ENV_PREFIX}{loc[0].upper()}"
+    names = sorted(name for name in os.environ if name == prefix or name.startswith(prefix + "__"))
+    return f" (from {', '.join(names)})" if names else ""

@@ -1,7 +1,7 @@
 """Regenerate the Python code for proto/osas/protocol/*.proto into osas/protocol/.
 
 Usage, from anywhere, with the project's virtualenv:
-    .venv/bin/python proto/generate.py          # rewrite the generated files
+    .venv/bin/python proto/generate.py          # rewrite them; exit 1 if any had changed
     .venv/bin/python proto/generate.py --check  # exit 1 if they are out of date
 """
 
@@ -72,8 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         for name in stale:
             sys.stderr.write(f"out of date: {name}\n")
         return 1 if stale else 0
+    stale = stale_files()
     generate(ROOT)
-    return 0
+    for name in stale:
+        sys.stderr.write(f"regenerated (was out of date, commit it): {name}\n")
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

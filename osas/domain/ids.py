@@ -22,15 +22,15 @@ MAX_ID_LENGTH = 253
 
 def is_valid_name(value: str) -> bool:
     """Whether ``value`` can serve as a cluster name or node-group id."""
-    return len(value) <= NAME_MAX_LENGTH and _NAME_RE.match(value) is not None
+    return len(value) <= NAME_MAX_LENGTH and _NAME_RE.fullmatch(value) is not None
 
 
 def is_server_uuid(value: str) -> bool:
-    return _UUID_RE.match(value) is not None
+    return _UUID_RE.fullmatch(value) is not None
 
 
 def is_request_id(value: str) -> bool:
-    return _REQUEST_ID_RE.match(value) is not None
+    return _REQUEST_ID_RE.fullmatch(value) is not None
 
 
 @dataclass(frozen=True, slots=True)

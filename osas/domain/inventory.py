@@ -130,13 +130,14 @@ class Inventory:
             fresh.pop(server_id, None)
         return self._replace(fresh, generation, now, full=False)
 
-    def forget_server(self, server_id: str) -> None:
+    def forget_server(self, server_id: str, now: float) -> None:
         """Nova answered 404 for this server: it is gone, whatever the last listing said."""
         if server_id in self._servers:
             fresh = dict(self._servers)
             del fresh[server_id]
             self._install(fresh)
         self._ledger.deleting.pop(server_id, None)
+        self._remember_removed(self._ids.format(server_id), now)
 
     def _replace(
         self, fresh: dict[str, Server], generation: int, now: float, *, full: bool
@@ -270,12 +271,16 @@ class Inventory:
             and create.server_id not in self._servers
         ]
 
+    def _given_up(self, create: PendingCreate) -> bool:
+        """CA asked to delete it: before Nova answered, or after, by its server's id."""
+        return create.doomed or create.server_id in self._ledger.deleting
+
     def cancellable_creates(self, group_id: str) -> list[PendingCreate]:
         """Creates no worker has picked up yet, oldest first."""
         return [
             create
             for create in self._unobserved_creates(group_id)
-            if create.stage is CreateStage.QUEUED and not create.doomed
+            if create.stage is CreateStage.QUEUED and not self._given_up(create)
         ]
 
     def failures_of(self, group_id: str) -> list[FailedCreate]:
@@ -288,7 +293,7 @@ class Inventory:
             for server in self._servers.values()
             if server.group_id == group_id and not self.is_deleting(server)
         )
-        creates = sum(1 for c in self._unobserved_creates(group_id) if not c.doomed)
+        creates = sum(1 for c in self._unobserved_creates(group_id) if not self._given_up(c))
         return servers + creates + len(self.failures_of(group_id))
 
     def instances(self, group_id: str) -> list[Instance]:
@@ -312,7 +317,8 @@ class Inventory:
                 instance_id = self._ids.format(create.server_id)
             else:
                 instance_id = placeholder_id(group_id, create.request_id)
-            state = InstanceState.DELETING if create.doomed else InstanceState.CREATING
+            given_up = self._given_up(create)
+            state = InstanceState.DELETING if given_up else InstanceState.CREATING
             result.append(Instance(instance_id, state))
         result.extend(
             Instance(placeholder_id(group_id, f.request_id), InstanceState.CREATING, f.error)
@@ -373,12 +379,20 @@ class Inventory:
         if server.server_id in self._servers or request_id in self._by_request:
             del self._ledger.creates[request_id]
 
-    def create_failed(self, request_id: str, error: ErrorInfo) -> None:
+    def create_failed(self, request_id: str, error: ErrorInfo, now: float) -> None:
         create = self._ledger.creates.pop(request_id, None)
         if create is None:
             return
+        listed = self._by_request.get(request_id)
+        if listed is not None:
+            # An earlier try did make the server (its answer was lost): that server is the
+            # outcome, not this error. If CA gave the create up meanwhile, the server goes.
+            if create.doomed:
+                self.mark_deleting([listed], now)
+            return
         if create.doomed:
             # CA already gave this create up; there is nothing to report.
+            self._remember_removed(placeholder_id(create.group_id, request_id), now)
             return
         self._ledger.failures[request_id] = FailedCreate(request_id, create.group_id, error)
 

@@ -28,19 +28,24 @@ _SUFFIXES = {
     "Ei": Decimal(2) ** 60,
 }
 _GIB = Decimal(2) ** 30
+_QUANTITY_MAX = Decimal(10) ** 24
 _SECONDS_PER_HOUR = 3600.0
 
 
 def parse_quantity(value: str) -> Decimal:
     """A Kubernetes resource quantity ("500m", "2Gi", "1e3") as a number."""
-    match = _QUANTITY_RE.match(value.strip())
+    match = _QUANTITY_RE.fullmatch(value.strip())
     if match is None or match.group(2) not in _SUFFIXES:
         raise InvalidRequest(f"not a Kubernetes quantity: {value[:40]!r}")
     try:
-        number = Decimal(match.group(1))
-    except InvalidOperation as exc:
-        raise InvalidRequest(f"not a Kubernetes quantity: {value[:40]!r}") from exc
-    return number * _SUFFIXES[match.group(2)]
+        number = Decimal(match.group(1)) * _SUFFIXES[match.group(2)]
+        # Exponents beyond any real resource overflow later arithmetic: refuse them here.
+        float(number)
+    except (ArithmeticError, InvalidOperation) as exc:
+        raise InvalidRequest(f"not a usable Kubernetes quantity: {value[:40]!r}") from exc
+    if not number.is_finite() or abs(number) > _QUANTITY_MAX:
+        raise InvalidRequest(f"quantity out of range: {value[:40]!r}")
+    return number
 
 
 def _hours(start: float, end: float) -> float:

@@ -148,7 +148,8 @@ class _DeleteBuilder:
         instance_id = placeholder_id(group_id, request_id)
         self._claim(instance_id, shown)
         self._check_group(group_id, shown)
-        if self.inventory.failure(request_id) is not None:
+        failure = self.inventory.failure(request_id)
+        if failure is not None and failure.group_id == group_id:
             self.failures.append(request_id)
             return
         create = self.inventory.pending(request_id)
@@ -162,14 +163,18 @@ class _DeleteBuilder:
 
     def _add_pending(self, request_id: str, doomed: bool) -> None:
         create = self.inventory.pending(request_id)
-        if create is None or doomed:
+        if create is None or doomed or create.server_id in self.inventory.deleting_ids():
             self.repeats += 1
-        elif create.stage is CreateStage.QUEUED:
+            return
+        self.healthy_removals += 1
+        if create.stage is CreateStage.QUEUED:
             self.cancels.append(request_id)
-            self.healthy_removals += 1
+            return
+        if create.server_id is not None:
+            # Nova already returned the server: delete it now rather than wait for a listing.
+            self.servers.append(create.server_id)
         else:
             self.dooms.append(request_id)
-            self.healthy_removals += 1
 
     def add_named(self, name: str) -> None:
         servers = self.inventory.servers_named(name)
@@ -207,7 +212,7 @@ def plan_delete(
             case NamedNode(node_name):
                 builder.add_named(node_name)
     target = inventory.target_size(group_id)
-    if target - builder.healthy_removals < spec.min_size:
+    if builder.healthy_removals and target - builder.healthy_removals < spec.min_size:
         raise PreconditionFailed(
             f"min size reached: deleting {builder.healthy_removals} nodes would take node group "
             f"{group_id!r} from {target} to below its min size {spec.min_size}"

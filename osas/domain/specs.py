@@ -66,7 +66,7 @@ class NodeGroupSpec:
     security_groups: tuple[str, ...] = ()
     availability_zone: str | None = None
     server_group: str | None = None
-    user_data: str | None = None
+    user_data: str | None = field(default=None, repr=False)  # may hold bootstrap tokens
     boot_volume: BootVolume | None = None
     metadata: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)

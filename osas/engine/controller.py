@@ -39,33 +39,33 @@ class Controller:
         self.reconciler = reconciler
         self.settings = settings
 
-    def _ready(self) -> None:
+    def check_ready(self) -> None:
         if not self.inventory.synced:
             raise NotReady("inventory not synced with OpenStack yet; try again shortly")
 
     # -- reads ------------------------------------------------------------------------------------
 
     def node_groups(self) -> tuple[NodeGroupSpec, ...]:
-        self._ready()
+        self.check_ready()
         return self.cluster.node_groups
 
     def node_group_for_node(self, name: str, provider_id: str) -> NodeGroupSpec | None:
-        self._ready()
+        self.check_ready()
         group_id = self.inventory.group_for_node(name, provider_id)
         return None if group_id is None else self.cluster.group(group_id)
 
     def target_size(self, group_id: str) -> int:
-        self._ready()
+        self.check_ready()
         require_group(self.cluster, group_id)
         return self.inventory.target_size(group_id)
 
     def nodes(self, group_id: str) -> list[Instance]:
-        self._ready()
+        self.check_ready()
         require_group(self.cluster, group_id)
         return self.inventory.instances(group_id)
 
     def template(self, group_id: str) -> NodeTemplate:
-        self._ready()
+        self.check_ready()
         spec = require_group(self.cluster, group_id)
         flavor = self.inventory.flavor(group_id)
         if flavor is None:
@@ -73,22 +73,22 @@ class Controller:
         return build_template(self.cluster, spec, flavor)
 
     def options(self, group_id: str, defaults: AutoscalingOptions) -> AutoscalingOptions:
-        self._ready()
+        self.check_ready()
         spec = require_group(self.cluster, group_id)
         return group_options(defaults, spec.options)
 
     def gpu_label(self) -> str:
-        self._ready()
+        self.check_ready()
         return self.cluster.gpu_label
 
     def gpu_types(self) -> tuple[str, ...]:
-        self._ready()
+        self.check_ready()
         return self.cluster.gpu_types
 
     def node_price(
         self, name: str, provider_id: str, labels: Mapping[str, str], start: float, end: float
     ) -> float:
-        self._ready()
+        self.check_ready()
         spec = self.node_group_for_node(name, provider_id)
         if spec is None:
             # Template nodes of the price expander carry no provider id: match the flavor.
@@ -108,7 +108,7 @@ class Controller:
         return node_price(spec, flavor, self.cluster.pricing, start, end)
 
     def pod_price(self, requests: Mapping[str, Decimal], start: float, end: float) -> float:
-        self._ready()
+        self.check_ready()
         gpu_resource = next(
             (g.gpu.resource for g in self.cluster.node_groups if g.gpu is not None),
             "nvidia.com/gpu",
@@ -118,7 +118,7 @@ class Controller:
     # -- mutations --------------------------------------------------------------------------------
 
     def increase_size(self, group_id: str, delta: int) -> None:
-        self._ready()
+        self.check_ready()
         count = plan_increase(self.cluster, self.inventory, group_id, delta)
         tasks = [CreateTask(uuid.uuid4().hex, group_id) for _ in range(count)]
         self.queue.ensure_room(len(tasks))
@@ -132,7 +132,7 @@ class Controller:
         )
 
     def delete_nodes(self, group_id: str, nodes: Sequence[tuple[str, str]]) -> None:
-        self._ready()
+        self.check_ready()
         plan = plan_delete(self.cluster, self.inventory, group_id, nodes)
         tasks = [DeleteTask(server_id, group_id) for server_id in plan.servers]
         self.queue.ensure_room(len(tasks))
@@ -156,7 +156,7 @@ class Controller:
         )
 
     def decrease_target_size(self, group_id: str, delta: int) -> None:
-        self._ready()
+        self.check_ready()
         plan = plan_decrease(self.cluster, self.inventory, group_id, delta)
         now = anyio.current_time()
         for request_id in plan.failures:

@@ -49,6 +49,10 @@ class TaskQueue:
     def in_hand(self, task: Task) -> bool:
         return task in self._in_hand
 
+    def in_hand_count(self) -> int:
+        """Tasks queued or being worked on."""
+        return len(self._in_hand)
+
     def ensure_room(self, count: int) -> None:
         if self._closed:
             raise Overloaded("shutting down: no new work is accepted")

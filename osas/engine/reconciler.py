@@ -139,10 +139,15 @@ class Reconciler:
             self._queue.put_all([task])
 
     async def run_reconciler(self) -> None:
-        """Sync forever: every ``reconcile_interval``, or sooner when nudged. Failures are
-        logged and retried with backoff; the inventory keeps its last good state meanwhile."""
+        """Sync after every ``reconcile_interval``, or sooner when nudged, for ever. Failures
+        are logged and retried with backoff; the inventory keeps its last good state meanwhile.
+        The first sync is the caller's (the app does it before serving)."""
         failures = 0
         while True:
+            delay = self._settings.reconcile_interval
+            if failures:
+                delay = min(delay, self._settings.retry_backoff * 2 ** min(failures, 6))
+            await self._wait(delay)
             try:
                 await self.reconcile_once()
             except CloudError as exc:
@@ -150,10 +155,6 @@ class Reconciler:
                 logger.warning("sync failed", error=str(exc), consecutive_failures=failures)
             else:
                 failures = 0
-            delay = self._settings.reconcile_interval
-            if failures:
-                delay = min(delay, self._settings.retry_backoff * 2 ** min(failures, 6))
-            await self._wait(delay)
 
     async def _wait(self, delay: float) -> None:
         with anyio.move_on_after(delay if math.isfinite(delay) else None):

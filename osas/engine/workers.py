@@ -132,15 +132,16 @@ class Workers:
         record = await self._submit_create(create_request(self._cluster, spec, task.request_id))
         if isinstance(record, CloudError):
             log.warning("create failed", error=str(record), code=record.code)
-            self._inventory.create_failed(task.request_id, record.error_info())
+            self._inventory.create_failed(
+                task.request_id, record.error_info(), anyio.current_time()
+            )
             return
         server = self._marks.claim(record)
         if server is None:
             # Only possible if the cloud dropped our marks; never treat the server as ours.
             log.error("created server lacks ownership marks", server_id=record.server_id)
-            self._inventory.create_failed(
-                task.request_id, CloudError("created server lacks ownership marks").error_info()
-            )
+            error = CloudError("created server lacks ownership marks").error_info()
+            self._inventory.create_failed(task.request_id, error, anyio.current_time())
             return
         log.info("server created", server_id=server.server_id, name=server.name)
         self._inventory.create_succeeded(task.request_id, server)
@@ -185,7 +186,7 @@ class Workers:
                 record = await self._cloud.get_server(task.server_id)
                 if record is None:
                     log.info("server already gone")
-                    self._inventory.forget_server(task.server_id)
+                    self._inventory.forget_server(task.server_id, anyio.current_time())
                     return
                 server = self._marks.claim(record)
                 if server is None or server.group_id != task.group_id:

@@ -42,6 +42,7 @@ class CloudProviderServicer(pb_grpc.CloudProviderServicer):
     async def PricingNodePrice(
         self, request: pb.PricingNodePriceRequest, context: Context
     ) -> pb.PricingNodePriceResponse:
+        self._controller.check_ready()  # before the request is parsed, as for every RPC
         start, end = translate.price_period(request)
         node = request.node
         price = self._controller.node_price(node.name, node.providerID, node.labels, start, end)
@@ -51,6 +52,7 @@ class CloudProviderServicer(pb_grpc.CloudProviderServicer):
     async def PricingPodPrice(
         self, request: pb.PricingPodPriceRequest, context: Context
     ) -> pb.PricingPodPriceResponse:
+        self._controller.check_ready()
         start, end = translate.price_period(request)
         price = self._controller.pod_price(translate.pod_requests(request), start, end)
         return pb.PricingPodPriceResponse(price=price)

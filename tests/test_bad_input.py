@@ -1,0 +1,236 @@
+"""Every bad input of every RPC gets a precise status, and changes nothing."""
+
+from __future__ import annotations
+
+import uuid
+
+import grpc
+import pytest
+from support import (
+    CLUSTER,
+    CaClient,
+    Provider,
+    ca_client,
+    eventually,
+    expect_status,
+    make_config,
+    provider_id,
+    running,
+)
+
+from osas.cloud.fake import FakeCloud, FakeNova
+from osas.domain.servers import META_CLUSTER, META_GROUP, TAG_CLUSTER_PREFIX
+from osas.protocol import externalgrpc_pb2 as pb
+
+NOT_FOUND = grpc.StatusCode.NOT_FOUND
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
+PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
+UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED
+EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
+TAG = f"{TAG_CLUSTER_PREFIX}{CLUSTER}"
+
+
+class World:
+    """A provider with servers of both groups, another cluster's and unmarked ones."""
+
+    def __init__(self, provider: Provider, ca: CaClient) -> None:
+        self.provider = provider
+        self.ca = ca
+        nova = provider.nova
+        self.workers = [
+            nova.seed(
+                name=f"{CLUSTER}-workers-{i}",
+                metadata={META_CLUSTER: CLUSTER, META_GROUP: "workers"},
+                tags=[TAG],
+            ).server_id
+            for i in range(2)
+        ]
+        self.gpu = nova.seed(
+            name=f"{CLUSTER}-gpu-0", metadata={META_CLUSTER: CLUSTER, META_GROUP: "gpu"}, tags=[TAG]
+        ).server_id
+        self.foreign = nova.seed(
+            name=f"{CLUSTER}-workers-9",  # looks like ours, carries another cluster's marks
+            metadata={META_CLUSTER: "other", META_GROUP: "workers"},
+            tags=[f"{TAG_CLUSTER_PREFIX}other"],
+        ).server_id
+        self.unmarked = nova.seed(name=f"{CLUSTER}-workers-8", tags=[TAG]).server_id
+
+    async def snapshot(self) -> tuple[object, ...]:
+        ca = self.ca
+        nova = self.provider.nova
+        return (
+            await ca.target_size("workers"),
+            await ca.target_size("gpu"),
+            sorted((i.id, i.status.instanceState) for i in await ca.nodes("workers")),
+            sorted((i.id, i.status.instanceState) for i in await ca.nodes("gpu")),
+            sorted(s.server_id for s in nova.live_servers()),
+            len(self.provider.app.queue),
+            nova.calls["servers.create"],
+            nova.calls["servers.delete"],
+        )
+
+
+@pytest.fixture
+async def world(tmp_path):
+    config = make_config(tmp_path, queue={"capacity": 4, "workers": 1})
+    async with (
+        running(config, FakeCloud(FakeNova())) as provider,
+        ca_client(provider.address) as ca,
+    ):
+        built = World(provider, ca)
+        await provider.sync()
+        yield built
+
+
+async def refused(world: World, code: grpc.StatusCode, call) -> str:
+    before = await world.snapshot()
+    details = await expect_status(code, call)
+    assert await world.snapshot() == before
+    assert details
+    return details
+
+
+def node(pid: str, name: str = "node") -> tuple[str, str]:
+    return (name, pid)
+
+
+async def test_unknown_group_everywhere(world):
+    ca = world.ca
+    for group in ("nope", "", "WORKERS", "workers "):
+        await refused(world, NOT_FOUND, ca.target_size(group))
+        await refused(world, NOT_FOUND, ca.increase(group, 1))
+        await refused(world, NOT_FOUND, ca.decrease(group, -1))
+        await refused(world, NOT_FOUND, ca.delete(group, [node(provider_id(world.workers[0]))]))
+        await refused(world, NOT_FOUND, ca.nodes(group))
+        await refused(world, NOT_FOUND, ca.template(group))
+        await refused(world, NOT_FOUND, ca.options(group, pb.NodeGroupAutoscalingOptions()))
+
+
+@pytest.mark.parametrize(("delta", "code"), [(0, INVALID), (-1, INVALID), (9, PRECONDITION)])
+async def test_increase_size_refusals(world, delta, code):
+    # workers: 2 servers, max 10: +9 would make 11.
+    details = await refused(world, code, world.ca.increase("workers", delta))
+    assert str(delta) in details
+
+
+async def test_increase_size_full_queue_reserves_nothing(world):
+    world.provider.nova.faults.latency = 2.0  # the single worker is slow: the queue fills up
+    queue = world.provider.app.queue
+    await world.ca.increase("workers", 4)
+    await eventually(lambda: len(queue) == 3, what="one create taken by the worker")
+    assert await world.ca.target_size("workers") == 6
+    details = await refused(world, EXHAUSTED, world.ca.increase("workers", 2))
+    assert "no room for 2" in details
+
+
+@pytest.mark.parametrize("delta", [0, 1, 5])
+async def test_decrease_target_size_needs_negative_delta(world, delta):
+    await refused(world, INVALID, world.ca.decrease("workers", delta))
+
+
+async def test_decrease_target_size_never_deletes(world):
+    details = await refused(world, PRECONDITION, world.ca.decrease("workers", -1))
+    assert "never deletes servers" in details
+
+
+async def test_delete_nodes_refusals(world):
+    ca = world.ca
+    w0, w1 = (provider_id(s) for s in world.workers)
+    cases = [
+        (INVALID, []),  # no nodes at all
+        (INVALID, [node(w0), node(w0)]),  # the same node twice
+        (INVALID, [node(w0), node("", name=f"{CLUSTER}-workers-0")]),  # once by id, once by name
+        (INVALID, [("", "")]),  # neither name nor provider id
+        (INVALID, [node("aws:///us-east-1a/i-0123456789")]),
+        (INVALID, [node("openstack:///not-a-uuid")]),
+        (INVALID, [node(f"openstack://RegionOne/{world.workers[0]}")]),  # not this cluster's form
+        (INVALID, [node(w0.upper())]),
+        (INVALID, [node("x" * 300)]),  # absurdly long
+        (INVALID, [node(f"osas://workers/{'z' * 32}")]),  # malformed placeholder
+        (INVALID, [node(provider_id(world.gpu))]),  # a node of the other group
+        (INVALID, [node(w0), node(provider_id(world.gpu))]),  # one bad node spoils the batch
+        (NOT_FOUND, [node(provider_id(world.foreign))]),  # another cluster's server
+        (NOT_FOUND, [node(provider_id(world.unmarked))]),  # a server without our marks
+        (NOT_FOUND, [node(provider_id(str(uuid.uuid4())))]),  # nobody's server
+        (NOT_FOUND, [node(f"osas://workers/{uuid.uuid4().hex}")]),  # unknown placeholder
+        (NOT_FOUND, [node("", name="stranger")]),  # name-only, not a server of ours
+        (PRECONDITION, [node(w0), node(w1)]),  # 2 - 2 < min size 1
+    ]
+    for code, nodes in cases:
+        await refused(world, code, ca.delete("workers", nodes))
+    assert len(world.provider.nova.live_servers()) == 5
+
+
+async def test_node_group_for_node_never_errors_for_strangers(world):
+    ca = world.ca
+    strangers = [
+        ("n", provider_id(world.foreign)),
+        ("n", provider_id(world.unmarked)),
+        ("n", provider_id(str(uuid.uuid4()))),
+        ("n", "openstack:///garbage"),
+        ("n", "aws:///i-123"),
+        ("n", f"openstack://RegionOne/{world.workers[0]}"),
+        (f"{CLUSTER}-workers-9", ""),  # the foreign look-alike, by name
+        ("", ""),
+        ("x" * 5000, "y" * 5000),
+    ]
+    for name, pid in strangers:
+        group = await ca.group_for_node(name, pid)
+        assert group.id == ""
+
+
+async def test_template_unknown_flavor_is_unimplemented(tmp_path):
+    data_override = {
+        "node_groups": [
+            {
+                "id": "odd",
+                "min_size": 0,
+                "max_size": 2,
+                "flavor": "no-such-flavor",
+                "image": "img",
+                "networks": ["net"],
+            }
+        ]
+    }
+    config = make_config(tmp_path, **data_override)
+    async with running(config) as provider, ca_client(provider.address) as ca:
+        details = await expect_status(UNIMPLEMENTED, ca.template("odd"))
+        assert "no-such-flavor" in details
+
+
+async def test_options_without_overrides_is_unimplemented(world):
+    await refused(
+        world, UNIMPLEMENTED, world.ca.options("workers", pb.NodeGroupAutoscalingOptions())
+    )
+
+
+async def test_pricing_without_prices_is_unimplemented(world):
+    stub = world.ca.stub
+    period = {"startTimestamp": {"seconds": 0}, "endTimestamp": {"seconds": 3600}}
+    node_request = pb.PricingNodePriceRequest(
+        node=pb.ExternalGrpcNode(providerID=provider_id(world.workers[0])), **period
+    )
+    await refused(world, UNIMPLEMENTED, stub.PricingNodePrice(node_request))
+    pod_request = pb.PricingPodPriceRequest(pod_bytes=b"", **period)
+    await refused(world, INVALID, stub.PricingPodPrice(pod_request))
+
+
+async def test_pricing_bad_requests(tmp_path):
+    config = make_config(tmp_path, pricing={"cpu_per_hour": 0.01, "memory_gib_per_hour": 0.005})
+    async with running(config) as provider, ca_client(provider.address) as ca:
+        stub = ca.stub
+        await expect_status(INVALID, stub.PricingNodePrice(pb.PricingNodePriceRequest()))
+        backwards = pb.PricingPodPriceRequest(
+            pod_bytes=b"\x0a\x00", startTimestamp={"seconds": 10}, endTimestamp={"seconds": 5}
+        )
+        await expect_status(INVALID, stub.PricingPodPrice(backwards))
+        garbage = pb.PricingPodPriceRequest(
+            pod_bytes=b"\xff\xff\xff", startTimestamp={"seconds": 0}, endTimestamp={"seconds": 5}
+        )
+        await expect_status(INVALID, stub.PricingPodPrice(garbage))
+        unknown = pb.PricingNodePriceRequest(
+            node=pb.ExternalGrpcNode(providerID=provider_id(str(uuid.uuid4()))),
+            startTimestamp={"seconds": 0},
+            endTimestamp={"seconds": 5},
+        )
+        await expect_status(NOT_FOUND, stub.PricingNodePrice(unknown))

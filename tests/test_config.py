@@ -1,0 +1,776 @@
+"""The configuration file: one test per validation rule, the domain values a valid file builds,
+environment overrides, and how `osas serve` refuses a bad file."""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+import yaml
+from support import config_data, write_config
+
+import osas.cli
+from osas.config import ConfigError, OsasConfig, load_config
+from osas.domain.specs import (
+    BootVolume,
+    GpuSpec,
+    OptionOverrides,
+    Pricing,
+    Taint,
+    TaintEffect,
+)
+from osas.engine.settings import EngineSettings
+from osas.service.settings import ServerSettings, TlsFiles
+
+SERVER_UUID = "0b7f1d2e-3c4a-4b5c-8d6e-7f8091a2b3c4"
+WORKERS = "node_groups[0](workers)"
+GPU = "node_groups[1](gpu)"
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    """No OSAS_* variable of the machine running the tests leaks into a config."""
+    for name in list(os.environ):
+        if name.upper().startswith("OSAS_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def restore_logging():
+    """`osas serve` configures logging process-wide; put it back for the next test."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    saved = structlog.get_config()
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    structlog.configure(**saved)
+
+
+def group(index: int = 0, **fields: Any) -> dict[str, Any]:
+    """The valid config with ``fields`` set on node group ``index`` (0: workers, 1: gpu)."""
+    data = config_data()
+    data["node_groups"][index].update(fields)
+    return data
+
+
+def problems(path: Path) -> list[str]:
+    """The lines of the ConfigError that loading ``path`` must raise."""
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    return str(caught.value).splitlines()
+
+
+def expect_problem(tmp_path: Path, data: dict[str, Any], where: str, *reasons: str) -> str:
+    """Loading ``data`` fails with exactly one problem, located at ``where``, naming the file
+    and containing every one of ``reasons``."""
+    path = write_config(tmp_path, data)
+    lines = problems(path)
+    assert len(lines) == 1, lines
+    prefix = f"{path}: {where}: "
+    assert lines[0].startswith(prefix), lines[0]
+    for reason in reasons:
+        assert reason in lines[0].removeprefix(prefix), lines[0]
+    return lines[0]
+
+
+def load(tmp_path: Path, data: dict[str, Any]) -> OsasConfig:
+    return load_config(write_config(tmp_path, data))
+
+
+# --- node groups ---------------------------------------------------------------------------
+
+
+def test_min_size_greater_than_max_size(tmp_path):
+    expect_problem(
+        tmp_path,
+        group(min_size=5, max_size=2),
+        WORKERS,
+        "min_size 5 is greater than max_size 2",
+    )
+
+
+def test_min_size_equal_to_max_size_is_allowed(tmp_path):
+    config = load(tmp_path, group(min_size=3, max_size=3))
+    assert config.node_groups[0].min_size == config.node_groups[0].max_size == 3
+
+
+@pytest.mark.parametrize("key", ["min_size", "max_size"])
+def test_negative_size(tmp_path, key):
+    data = group(min_size=0, max_size=0)
+    data["node_groups"][0][key] = -1
+    expect_problem(tmp_path, data, f"{WORKERS}.{key}", "greater than or equal to 0")
+
+
+def test_duplicate_node_group_ids(tmp_path):
+    data = config_data()
+    data["node_groups"][1]["id"] = "workers"
+    expect_problem(tmp_path, data, "(top level)", "duplicate node group id 'workers'")
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        ("Workers", "should match pattern"),
+        ("my_group", "should match pattern"),
+        ("pool/a", "should match pattern"),
+        ("-pool", "should match pattern"),
+        ("pool-", "should match pattern"),
+        ("", "should match pattern"),
+        ("a" * 41, "at most 40 characters"),
+    ],
+)
+def test_bad_node_group_id(tmp_path, bad, reason):
+    expect_problem(tmp_path, group(id=bad), f"node_groups[0]({bad}).id", reason)
+
+
+def test_node_group_id_of_40_characters_is_allowed(tmp_path):
+    assert load(tmp_path, group(id="a" * 40)).node_groups[0].id == "a" * 40
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        ("Prod", "should match pattern"),
+        ("prod_1", "should match pattern"),
+        ("prod.eu", "should match pattern"),
+        ("c" * 41, "at most 40 characters"),
+    ],
+)
+def test_bad_cluster_name(tmp_path, bad, reason):
+    expect_problem(tmp_path, config_data(cluster_name=bad), "cluster_name", reason)
+
+
+@pytest.mark.parametrize(
+    ("key", "where"),
+    [
+        ("cluster_name", "cluster_name"),
+        ("node_groups", "node_groups"),
+    ],
+)
+def test_missing_required_top_level_key(tmp_path, key, where):
+    data = config_data()
+    del data[key]
+    expect_problem(tmp_path, data, where, "Field required")
+
+
+def test_node_groups_empty_list(tmp_path):
+    expect_problem(tmp_path, config_data(node_groups=[]), "node_groups", "at least 1 item")
+
+
+@pytest.mark.parametrize("key", ["id", "min_size", "max_size", "flavor", "image", "networks"])
+def test_missing_required_node_group_key(tmp_path, key):
+    data = config_data()
+    del data["node_groups"][0][key]
+    label = "node_groups[0]" if key == "id" else WORKERS
+    expect_problem(tmp_path, data, f"{label}.{key}", "Field required")
+
+
+@pytest.mark.parametrize(("key", "value"), [("flavor", ""), ("image", ""), ("networks", [])])
+def test_empty_required_node_group_value(tmp_path, key, value):
+    expect_problem(tmp_path, group(**{key: value}), f"{WORKERS}.{key}", "at least 1")
+
+
+# --- unknown keys ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "where"),
+    [
+        (("clustername",), "clustername"),
+        (("node_groups", 0, "flavour"), f"{WORKERS}.flavour"),
+        (("node_groups", 1, "gpu", "typ"), f"{GPU}.gpu.typ"),
+        (
+            ("node_groups", 1, "options", "scale_down_unneded_time"),
+            f"{GPU}.options.scale_down_unneded_time",
+        ),
+        (("node_groups", 1, "taints", 0, "efect"), f"{GPU}.taints[0].efect"),
+        (("reconcile", "intervall"), "reconcile.intervall"),
+        (("queue", "worker"), "queue.worker"),
+        (("openstack", "regoin_name"), "openstack.regoin_name"),
+    ],
+)
+def test_unknown_key(tmp_path, path, where):
+    data = config_data()
+    data.setdefault("openstack", {})
+    node: Any = data
+    for step in path[:-1]:
+        node = node[step]
+    node[path[-1]] = "oops"
+    expect_problem(tmp_path, data, where, "Extra inputs are not permitted")
+
+
+def test_unknown_key_in_openstack_auth_block(tmp_path):
+    data = config_data(openstack={"auth": {"auth_url": "https://keystone", "pasword": "x"}})
+    expect_problem(tmp_path, data, "openstack.auth.pasword", "Extra inputs are not permitted")
+
+
+# --- transport -------------------------------------------------------------------------------
+
+TLS = {"cert_file": "/tls/tls.crt", "key_file": "/tls/tls.key", "client_ca_file": "/tls/ca.crt"}
+
+
+def test_tls_and_insecure_together(tmp_path):
+    expect_problem(
+        tmp_path, config_data(tls=TLS, insecure=True), "(top level)", "'tls'", "'insecure: true'"
+    )
+
+
+def test_neither_tls_nor_insecure(tmp_path):
+    expect_problem(
+        tmp_path, config_data(insecure=False), "(top level)", "'tls' is required", "insecure"
+    )
+
+
+@pytest.mark.parametrize("key", ["cert_file", "key_file", "client_ca_file"])
+def test_tls_block_missing_a_file(tmp_path, key):
+    tls = {k: v for k, v in TLS.items() if k != key}
+    expect_problem(tmp_path, config_data(insecure=False, tls=tls), f"tls.{key}", "Field required")
+
+
+def test_listen_equal_to_health_listen(tmp_path):
+    data = config_data(listen="0.0.0.0:8086", health_listen="0.0.0.0:8086")
+    expect_problem(tmp_path, data, "(top level)", "listen and health_listen must differ")
+
+
+def test_listen_and_health_listen_may_both_use_port_zero(tmp_path):
+    config = load(tmp_path, config_data(listen="127.0.0.1:0", health_listen="127.0.0.1:0"))
+    assert config.listen == config.health_listen == "127.0.0.1:0"
+
+
+@pytest.mark.parametrize("key", ["listen", "health_listen"])
+@pytest.mark.parametrize(
+    "bad", ["8086", "127.0.0.1", "127.0.0.1:", "http://host:80", "a b:80", "host:123456"]
+)
+def test_bad_listen_address(tmp_path, key, bad):
+    expect_problem(tmp_path, config_data(**{key: bad}), key, "should match pattern")
+
+
+@pytest.mark.parametrize("good", ["0.0.0.0:8086", "[::]:8086", "localhost:8086", "10.0.0.1:1"])
+def test_good_listen_address(tmp_path, good):
+    assert load(tmp_path, config_data(listen=good)).listen == good
+
+
+@pytest.mark.parametrize(
+    ("key", "bad"), [("listen", "0.0.0.0:99999"), ("health_listen", "0.0.0.0:65536")]
+)
+def test_listen_port_above_65535(tmp_path, key, bad):
+    expect_problem(tmp_path, config_data(**{key: bad}), key, bad)
+
+
+# --- labels, taints, gpu, metadata, user data ------------------------------------------------
+
+
+@pytest.mark.parametrize("effect", ["NoScheduleX", "noschedule", ""])
+def test_taint_with_invalid_effect(tmp_path, effect):
+    data = group(1, taints=[{"key": "dedicated", "value": "gpu", "effect": effect}])
+    expect_problem(tmp_path, data, f"{GPU}.taints[0].effect", "'NoSchedule'", "'NoExecute'")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("key", "Bad Key"), ("key", "-dedicated"), ("value", "-gpu"), ("value", "v" * 64)],
+)
+def test_taint_with_invalid_key_or_value(tmp_path, field, value):
+    taint = {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}
+    taint[field] = value
+    data = group(1, taints=[taint])
+    expect_problem(tmp_path, data, f"{GPU}.taints[0].{field}", "should match pattern")
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("Bad Key", "x"),
+        ("-pool", "x"),
+        ("Example.com/pool", "x"),
+        ("k" * 64, "x"),
+        ("pool", "-workers"),
+        ("pool", "has space"),
+        ("pool", "v" * 64),
+    ],
+)
+def test_invalid_label(tmp_path, key, value):
+    expect_problem(
+        tmp_path, group(labels={key: value}), WORKERS, f"label {key!r}=", "not a valid Kubernetes"
+    )
+
+
+def test_valid_labels_are_accepted(tmp_path):
+    labels = {"example.com/pool": "workers", "tier": "", "k" * 63: "v" * 63}
+    assert load(tmp_path, group(labels=labels)).node_groups[0].labels == labels
+
+
+@pytest.mark.parametrize(("key", "value"), [("pool", "workers\n"), ("pool\n", "workers")])
+def test_label_with_trailing_newline(tmp_path, key, value):
+    expect_problem(tmp_path, group(labels={key: value}), WORKERS, "not a valid Kubernetes")
+
+
+@pytest.mark.parametrize("count", [0, -1, 65])
+def test_bad_gpu_count(tmp_path, count):
+    data = group(1, gpu={"count": count, "type": "nvidia-a100"})
+    expect_problem(tmp_path, data, f"{GPU}.gpu.count", "Input should be")
+
+
+@pytest.mark.parametrize("key", ["osas-cluster", "osas-node-group", "osas-request-id"])
+def test_metadata_with_reserved_key(tmp_path, key):
+    data = group(metadata={"team": "infra", key: "x"})
+    expect_problem(tmp_path, data, WORKERS, f"metadata keys ['{key}']", "ownership")
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("team", "x" * 256), ("k" * 256, "x"), ("", "x")],
+    ids=["long-value", "long-key", "empty-key"],
+)
+def test_metadata_item_too_long_or_empty(tmp_path, key, value):
+    data = group(metadata={key: value})
+    expect_problem(tmp_path, data, WORKERS, f"metadata {key!r}", "1 to 255 characters")
+
+
+def test_metadata_of_255_characters_is_allowed(tmp_path):
+    metadata = {"k" * 255: "v" * 255}
+    assert load(tmp_path, group(metadata=metadata)).node_groups[0].metadata == metadata
+
+
+@pytest.mark.parametrize(
+    "user_data",
+    ["x" * 49_150, "é" * 24_576],  # 65536 base64 bytes; the second is short in characters
+    ids=["ascii", "utf-8-bytes-count"],
+)
+def test_user_data_too_large_for_nova(tmp_path, user_data):
+    expect_problem(
+        tmp_path, group(user_data=user_data), WORKERS, "user_data is 65536 bytes", "65535"
+    )
+
+
+def test_user_data_just_under_the_nova_limit_is_allowed(tmp_path):
+    user_data = "x" * 49_149  # 65532 bytes once base64-encoded
+    assert load(tmp_path, group(user_data=user_data)).node_groups[0].user_data == user_data
+
+
+# --- options and durations -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "key", ["scale_down_unneeded_time", "scale_down_unready_time", "max_node_provision_time"]
+)
+@pytest.mark.parametrize("value", [0, -30, "0s", "0m"])
+def test_option_duration_not_positive(tmp_path, key, value):
+    data = group(1, options={key: value})
+    expect_problem(tmp_path, data, f"{GPU}.options", f"{key} must be positive")
+
+
+@pytest.mark.parametrize(
+    "key", ["scale_down_utilization_threshold", "scale_down_gpu_utilization_threshold"]
+)
+@pytest.mark.parametrize("value", [-0.1, 1.01, 2, float("nan")])
+def test_option_threshold_outside_zero_one(tmp_path, key, value):
+    data = group(1, options={key: value})
+    expect_problem(tmp_path, data, f"{GPU}.options.{key}", "Input should be")
+
+
+@pytest.mark.parametrize("value", [0, 0.5, 1])
+def test_option_threshold_bounds_are_inclusive(tmp_path, value):
+    config = load(tmp_path, group(1, options={"scale_down_utilization_threshold": value}))
+    assert config.node_groups[1].options.scale_down_utilization_threshold == value
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("30s", timedelta(seconds=30)),
+        ("5m", timedelta(minutes=5)),
+        ("1h30m", timedelta(hours=1, minutes=30)),
+        ("1h", timedelta(hours=1)),
+        ("1.5m", timedelta(seconds=90)),
+        (90, timedelta(seconds=90)),
+        (2.5, timedelta(seconds=2.5)),
+        ("90", timedelta(seconds=90)),
+    ],
+)
+def test_duration_formats_accepted(tmp_path, value, expected):
+    config = load(tmp_path, group(1, options={"scale_down_unneeded_time": value}))
+    assert config.node_groups[1].options.scale_down_unneeded_time == expected
+
+
+@pytest.mark.parametrize("value", ["5 minutes", "5min", "1d", "PT5M", "-30s", "30s5m", "", "m"])
+def test_duration_formats_rejected(tmp_path, value):
+    data = group(1, options={"scale_down_unneeded_time": value})
+    expect_problem(
+        tmp_path, data, f"{GPU}.options.scale_down_unneeded_time", f"not a duration: {value!r}"
+    )
+
+
+def test_duration_rejected_outside_node_groups(tmp_path):
+    expect_problem(
+        tmp_path, config_data(shutdown_grace="5 seconds"), "shutdown_grace", "not a duration"
+    )
+
+
+def test_duration_too_large(tmp_path):
+    data = group(1, options={"scale_down_unneeded_time": "99999999999h"})
+    expect_problem(tmp_path, data, f"{GPU}.options.scale_down_unneeded_time", "")
+
+
+# --- reconcile, queue, openstack -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("reconcile", "reason"),
+    [
+        ({"full_resync_interval": "30m"}, "full_resync_interval must not be shorter than interval"),
+        ({"max_inventory_age": "1h"}, "max_inventory_age must be longer than interval"),
+        ({"max_inventory_age": "30m"}, "max_inventory_age must be longer than interval"),
+        ({"interval": 0}, "interval must be positive"),
+        ({"interval": "-1"}, "not a duration"),
+    ],
+)
+def test_reconcile_intervals(tmp_path, reconcile, reason):
+    data = config_data()
+    data["reconcile"].update(reconcile)
+    where = "reconcile.interval" if reason == "not a duration" else "reconcile"
+    expect_problem(tmp_path, data, where, reason)
+
+
+def test_reconcile_full_resync_equal_to_interval_is_allowed(tmp_path):
+    data = config_data()
+    data["reconcile"].update(interval="1m", full_resync_interval="1m", max_inventory_age="61s")
+    reconcile = load(tmp_path, data).reconcile
+    assert reconcile.full_resync_interval == reconcile.interval == timedelta(minutes=1)
+
+
+@pytest.mark.parametrize("value", [0, -1])
+def test_reconcile_retry_backoff_not_positive(tmp_path, value):
+    data = config_data()
+    data["reconcile"]["retry_backoff"] = value
+    expect_problem(tmp_path, data, "reconcile", "retry_backoff")
+
+
+@pytest.mark.parametrize(
+    ("queue", "where", "reason"),
+    [
+        ({"capacity": 0}, "queue.capacity", "greater than or equal to 1"),
+        ({"capacity": 100_001}, "queue.capacity", "less than or equal to 100000"),
+        ({"workers": 0}, "queue.workers", "greater than or equal to 1"),
+        ({"workers": 65}, "queue.workers", "less than or equal to 64"),
+    ],
+)
+def test_queue_bounds(tmp_path, queue, where, reason):
+    expect_problem(tmp_path, config_data(queue=queue), where, reason)
+
+
+def test_openstack_cloud_and_auth_together(tmp_path):
+    data = config_data(
+        openstack={"cloud": "prod", "auth": {"auth_url": "https://keystone:5000/v3"}}
+    )
+    expect_problem(tmp_path, data, "openstack", "either 'cloud'", "'auth', not both")
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [("region/one", "should match pattern"), ("region one", "should match pattern")],
+)
+def test_bad_provider_id_region(tmp_path, value, reason):
+    expect_problem(tmp_path, config_data(provider_id_region=value), "provider_id_region", reason)
+
+
+# --- the file itself -------------------------------------------------------------------------
+
+
+def test_file_that_does_not_exist(tmp_path):
+    path = tmp_path / "missing.yaml"
+    assert problems(path) == [f"{path}: cannot read: No such file or directory"]
+
+
+def test_file_that_is_not_yaml(tmp_path):
+    path = tmp_path / "osas.yaml"
+    path.write_text("cluster_name: [unclosed\n", encoding="utf-8")
+    lines = problems(path)
+    assert lines[0].startswith(f"{path}: not valid YAML: ")
+
+
+@pytest.mark.parametrize(
+    "text", ["- cluster_name: a\n- insecure: true\n", "just a string\n", "42\n"]
+)
+def test_yaml_top_level_not_a_mapping(tmp_path, text):
+    path = tmp_path / "osas.yaml"
+    path.write_text(text, encoding="utf-8")
+    assert problems(path) == [f"{path}: the top level must be a mapping of keys"]
+
+
+def test_empty_file_reports_the_required_keys(tmp_path):
+    path = tmp_path / "osas.yaml"
+    path.write_text("", encoding="utf-8")
+    assert problems(path) == [
+        f"{path}: cluster_name: Field required",
+        f"{path}: node_groups: Field required",
+    ]
+
+
+def test_file_that_is_not_utf8(tmp_path):
+    path = tmp_path / "osas.yaml"
+    path.write_bytes(b"cluster_name: caf\xe9\n")
+    assert problems(path)[0].startswith(f"{path}: ")
+
+
+@pytest.mark.parametrize("line", ["1: x\n", "on: x\n"])
+def test_top_level_key_that_is_not_a_string(tmp_path, line):
+    path = tmp_path / "osas.yaml"
+    path.write_text(yaml.safe_dump(config_data()) + line, encoding="utf-8")
+    assert problems(path)[0].startswith(f"{path}: ")
+
+
+# --- several problems ------------------------------------------------------------------------
+
+
+def test_several_problems_reported_together(tmp_path):
+    data = config_data(cluster_name="Bad_Name", queue={"capacity": 0, "workers": 1})
+    data["node_groups"][0]["flavour"] = "m1.large"
+    data["node_groups"][1]["gpu"] = {"count": 0, "type": "nvidia-a100"}
+    data["node_groups"][1]["options"] = {"scale_down_unneeded_time": "5 minutes"}
+    path = write_config(tmp_path, data)
+    lines = problems(path)
+    expected = [
+        ("cluster_name", "should match pattern"),
+        ("queue.capacity", "greater than or equal to 1"),
+        (f"{WORKERS}.flavour", "Extra inputs are not permitted"),
+        (f"{GPU}.gpu.count", "greater than or equal to 1"),
+        (f"{GPU}.options.scale_down_unneeded_time", "not a duration"),
+    ]
+    assert len(lines) == len(expected), lines
+    for where, reason in expected:
+        assert any(line.startswith(f"{path}: {where}: ") and reason in line for line in lines), (
+            where,
+            lines,
+        )
+
+
+# --- environment overrides -------------------------------------------------------------------
+
+
+def test_env_overrides_nested_value(tmp_path, monkeypatch):
+    monkeypatch.setenv("OSAS_QUEUE__CAPACITY", "7")
+    config = load(tmp_path, config_data())
+    assert config.queue.capacity == 7
+    assert config.queue.workers == 2  # the rest of the block still comes from the file
+    assert config.engine_settings().queue_capacity == 7
+
+
+def test_env_overrides_top_level_value(tmp_path, monkeypatch):
+    monkeypatch.setenv("OSAS_CLUSTER_NAME", "prod")
+    config = load(tmp_path, config_data())
+    assert config.cluster_name == "prod"
+    assert config.cluster_spec().cluster_name == "prod"
+
+
+def test_env_supplies_a_key_missing_from_the_file(tmp_path, monkeypatch):
+    data = config_data()
+    del data["cluster_name"]
+    monkeypatch.setenv("OSAS_CLUSTER_NAME", "from-env")
+    assert load(tmp_path, data).cluster_name == "from-env"
+
+
+@pytest.mark.parametrize(
+    ("env", "where", "reason"),
+    [
+        (("OSAS_QUEUE__WORKERS", "0"), "queue.workers", "greater than or equal to 1"),
+        (("OSAS_QUEUE__CAPACITYY", "7"), "queue.capacityy", "Extra inputs are not permitted"),
+        (("OSAS_CLUSTER_NAME", "Bad_Name"), "cluster_name", "should match pattern"),
+        (("OSAS_INSECURE", "false"), "(top level)", "'tls' is required"),
+    ],
+)
+def test_env_bad_value_is_reported(tmp_path, monkeypatch, env, where, reason):
+    monkeypatch.setenv(*env)
+    expect_problem(tmp_path, config_data(), where, reason)
+
+
+def test_osas_config_variable_is_not_taken_for_a_setting(tmp_path, monkeypatch):
+    monkeypatch.setenv("OSAS_CONFIG", str(tmp_path / "osas.yaml"))
+    assert load(tmp_path, config_data()).cluster_name == "testc"
+
+
+@pytest.mark.parametrize(("name", "value"), [("OSAS_QUEUE", "{bad"), ("OSAS_GPU_TYPES", "a,b")])
+def test_env_malformed_json_is_reported(tmp_path, monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    path = write_config(tmp_path, config_data())
+    assert problems(path)[0].startswith(f"{path}: ")
+
+
+# --- what a valid file builds ----------------------------------------------------------------
+
+
+def test_cluster_spec_from_valid_config(tmp_path):
+    data = config_data(
+        gpu_types=["nvidia-a100"],
+        pricing={"cpu_per_hour": 0.02, "memory_gib_per_hour": 0.005, "gpu_per_hour": 1.5},
+    )
+    data["node_groups"][0].update(
+        boot_volume={"size": 50, "type": "ssd"},
+        metadata={"team": "infra"},
+        security_groups=["default", "k8s"],
+        key_name="ops",
+        price_per_hour=0.1,
+        max_pods=64,
+        architecture="arm64",
+    )
+    data["node_groups"][1]["gpu"]["resource"] = "amd.com/gpu"
+    spec = load(tmp_path, data).cluster_spec()
+
+    assert spec.cluster_name == "testc"
+    assert [g.group_id for g in spec.node_groups] == ["workers", "gpu"]
+    assert spec.gpu_types == ("nvidia-a100",)
+    assert spec.gpu_label == "nvidia.com/gpu.product"
+    assert spec.pricing == Pricing(cpu_per_hour=0.02, memory_gib_per_hour=0.005, gpu_per_hour=1.5)
+
+    workers = spec.group("workers")
+    assert workers is not None
+    assert (workers.min_size, workers.max_size) == (1, 10)
+    assert (workers.flavor, workers.image) == ("m1.medium", "ubuntu-24.04")
+    assert workers.networks == ("cluster-net",)
+    assert workers.security_groups == ("default", "k8s")
+    assert workers.key_name == "ops"
+    assert workers.labels == {"pool": "workers"}
+    assert workers.metadata == {"team": "infra"}
+    assert workers.user_data == "#cloud-config\nhostname: ${server_name}\n"
+    assert workers.boot_volume == BootVolume(size_gib=50, volume_type="ssd")
+    assert workers.taints == ()
+    assert workers.gpu is None
+    assert workers.options.is_empty()
+    assert workers.price_per_hour == 0.1
+    assert workers.max_pods == 64
+    assert workers.architecture == "arm64"
+
+    gpu = spec.group("gpu")
+    assert gpu is not None
+    assert (gpu.min_size, gpu.max_size) == (0, 3)
+    assert gpu.availability_zone == "az-1"
+    assert gpu.gpu == GpuSpec(count=1, type="nvidia-a100", resource="amd.com/gpu")
+    assert gpu.taints == (Taint("nvidia.com/gpu", "present", TaintEffect.NO_SCHEDULE),)
+    assert gpu.options == OptionOverrides(
+        scale_down_unneeded_time=timedelta(minutes=20), zero_or_max_node_scaling=True
+    )
+    assert gpu.boot_volume is None
+    assert gpu.max_pods == 110
+    assert gpu.architecture == "amd64"
+
+
+@pytest.mark.parametrize(
+    ("region", "provider_id"),
+    [("", f"openstack:///{SERVER_UUID}"), ("RegionOne", f"openstack://RegionOne/{SERVER_UUID}")],
+)
+def test_provider_id_format(tmp_path, region, provider_id):
+    spec = load(tmp_path, config_data(provider_id_region=region)).cluster_spec()
+    assert spec.provider_ids.format(SERVER_UUID) == provider_id
+    assert spec.provider_ids.parse(provider_id) == SERVER_UUID
+
+
+def test_engine_settings_from_valid_config(tmp_path):
+    settings = load(tmp_path, config_data()).engine_settings()
+    assert settings == EngineSettings(
+        queue_capacity=50,
+        workers=2,
+        reconcile_interval=3600.0,
+        full_resync_interval=3600.0,
+        max_inventory_age=7200.0,
+        retry_backoff=0.01,
+    )
+
+
+def test_engine_settings_defaults(tmp_path):
+    data = config_data()
+    del data["reconcile"], data["queue"]
+    settings = load(tmp_path, data).engine_settings()
+    assert (settings.queue_capacity, settings.workers) == (1000, 4)
+    assert settings.reconcile_interval == 10.0
+    assert settings.full_resync_interval == 300.0
+    assert settings.max_inventory_age == 180.0
+    assert settings.retry_backoff == 1.0
+
+
+def test_server_settings_plaintext(tmp_path):
+    settings = load(tmp_path, config_data()).server_settings()
+    assert settings == ServerSettings(
+        listen="127.0.0.1:0", health_listen="127.0.0.1:0", tls=None, shutdown_grace=5.0
+    )
+
+
+def test_server_settings_tls(tmp_path):
+    data = config_data(insecure=False, tls=TLS, listen="0.0.0.0:8086", health_listen="0.0.0.0:8087")
+    settings = load(tmp_path, data).server_settings()
+    assert settings == ServerSettings(
+        listen="0.0.0.0:8086",
+        health_listen="0.0.0.0:8087",
+        tls=TlsFiles(Path("/tls/tls.crt"), Path("/tls/tls.key"), Path("/tls/ca.crt")),
+        shutdown_grace=5.0,
+    )
+
+
+# --- secrets ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["password", "application_credential_secret"])
+def test_openstack_secrets_are_hidden(tmp_path, key):
+    secret = "hunter2-very-secret"
+    auth = {"auth_url": "https://keystone:5000/v3", "username": "osas", key: secret}
+    config = load(tmp_path, config_data(openstack={"auth": auth}))
+    stored = getattr(config.openstack.auth, key)
+    assert stored.get_secret_value() == secret
+    assert secret not in repr(config)
+    assert secret not in str(config)
+    assert secret not in repr(config.openstack)
+
+
+# --- the CLI ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_start(monkeypatch):
+    """Fail the test if `osas serve` gets as far as building the app."""
+    started: list[object] = []
+
+    def refuse(*args: object) -> None:
+        started.append(args)
+        raise AssertionError("osas serve started despite a bad configuration")
+
+    monkeypatch.setattr(osas.cli, "App", refuse)
+    return started
+
+
+def test_cli_serve_with_bad_config_exits_2(tmp_path, capsys, restore_logging, no_start):
+    path = write_config(tmp_path, config_data(queue={"capacity": 50, "workers": 0}))
+    assert osas.cli.main(["serve", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "configuration error" in err
+    assert f"{path}: queue.workers: Input should be greater than or equal to 1" in err
+    assert no_start == []
+
+
+def test_cli_serve_with_missing_file_exits_2(tmp_path, capsys, restore_logging, no_start):
+    path = tmp_path / "nope.yaml"
+    assert osas.cli.main(["serve", "--config", str(path)]) == 2
+    assert f"{path}: cannot read" in capsys.readouterr().err
+    assert no_start == []
+
+
+def test_cli_serve_reads_osas_config_variable(
+    tmp_path, capsys, monkeypatch, restore_logging, no_start
+):
+    path = write_config(tmp_path, config_data(cluster_name="Bad_Name"))
+    monkeypatch.setenv("OSAS_CONFIG", str(path))
+    assert osas.cli.main(["serve"]) == 2
+    assert f"{path}: cluster_name: String should match pattern" in capsys.readouterr().err
+    assert no_start == []
+
+
+def test_cli_serve_without_config_exits_2(capsys, restore_logging, no_start):
+    assert osas.cli.main(["serve"]) == 2
+    err = capsys.readouterr().err
+    assert "--config" in err
+    assert "OSAS_CONFIG" in err
+    assert no_start == []

@@ -1,0 +1,1469 @@
+"""Unit tests of the pure domain layer: ids, ownership, inventory, sizing plans, templates,
+options and prices. Everything here is a plain value; no I/O, no mocks, fake monotonic time."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+
+from osas.domain.errors import (
+    InvalidRequest,
+    NodeGroupNotFound,
+    NodeNotFound,
+    NotSupported,
+    PreconditionFailed,
+)
+from osas.domain.ids import (
+    MAX_ID_LENGTH,
+    NamedNode,
+    PlaceholderNode,
+    ProviderIdFormat,
+    ServerNode,
+    parse_node,
+    parse_placeholder_id,
+    placeholder_id,
+)
+from osas.domain.inventory import (
+    REMOVED_MEMORY_SECONDS,
+    CreateStage,
+    Instance,
+    InstanceState,
+    Inventory,
+)
+from osas.domain.options import AutoscalingOptions, group_options
+from osas.domain.pricing import effective_requests, node_price, parse_quantity, pod_price
+from osas.domain.servers import (
+    META_CLUSTER,
+    META_GROUP,
+    META_REQUEST,
+    ErrorClass,
+    ErrorInfo,
+    Fault,
+    Flavor,
+    OwnershipMarks,
+    Server,
+    ServerRecord,
+    classify_fault,
+)
+from osas.domain.sizing import DeletePlan, plan_decrease, plan_delete, plan_increase
+from osas.domain.specs import (
+    BootVolume,
+    ClusterSpec,
+    GpuSpec,
+    NodeGroupSpec,
+    OptionOverrides,
+    Pricing,
+    Taint,
+    TaintEffect,
+)
+from osas.domain.template import build_template
+
+CLUSTER = "prod"
+IDS = ProviderIdFormat()
+# Fixed ids for parametrised cases; builders use fresh uuid4 values.
+UUID = "0b7c7d4e-5a1f-4c3b-9d2e-8f6a1b2c3d4e"
+REQ = "5f0e3c2a9b8d4e7fa1b2c3d4e5f60718"
+QUOTA = ErrorInfo("QuotaExceeded", "Quota exceeded for instances", ErrorClass.OUT_OF_RESOURCES)
+
+
+# -- builders -------------------------------------------------------------------------------------
+
+
+def node_group(
+    group_id: str = "workers", min_size: int = 0, max_size: int = 10, **kw
+) -> NodeGroupSpec:
+    return NodeGroupSpec(
+        group_id=group_id,
+        min_size=min_size,
+        max_size=max_size,
+        flavor="m1.medium",
+        image="ubuntu-24.04",
+        networks=("cluster-net",),
+        **kw,
+    )
+
+
+def cluster(*groups: NodeGroupSpec, **kw) -> ClusterSpec:
+    return ClusterSpec(
+        CLUSTER, groups or (node_group("workers"), node_group("gpu", max_size=3)), **kw
+    )
+
+
+def server(
+    group: str = "workers",
+    status: str = "ACTIVE",
+    *,
+    name: str | None = None,
+    task_state: str | None = None,
+    request_id: str | None = None,
+    fault: Fault | None = None,
+    server_id: str | None = None,
+) -> Server:
+    server_id = server_id or str(uuid.uuid4())
+    return Server(
+        server_id=server_id,
+        name=name or f"{CLUSTER}-{group}-{server_id[:8]}",
+        group_id=group,
+        status=status,
+        task_state=task_state,
+        request_id=request_id,
+        fault=fault,
+    )
+
+
+def rid() -> str:
+    return uuid.uuid4().hex
+
+
+NOW = 100.0  # the fake monotonic clock most tests run at
+
+
+def pid(srv: Server, ids: ProviderIdFormat = IDS) -> str:
+    return ids.format(srv.server_id)
+
+
+def fake_node(instance_id: str) -> tuple[str, str]:
+    """A node as CA fakes it for DeleteNodes: name == provider id == instance id."""
+    return (instance_id, instance_id)
+
+
+def full_sync(inv: Inventory, *servers: Server, now: float = 100.0):
+    return inv.apply_full_sync(inv.begin_sync(), servers, now)
+
+
+def inventory(spec: ClusterSpec | None = None, *servers: Server, now: float = 100.0) -> Inventory:
+    inv = Inventory(spec or cluster())
+    full_sync(inv, *servers, now=now)
+    return inv
+
+
+def queued(inv: Inventory, group_id: str = "workers") -> str:
+    request_id = rid()
+    inv.add_creates(group_id, [request_id])
+    return request_id
+
+
+def submitting(inv: Inventory, group_id: str = "workers") -> str:
+    request_id = queued(inv, group_id)
+    assert inv.start_create(request_id) is not None
+    return request_id
+
+
+def created(inv: Inventory, group_id: str = "workers") -> tuple[str, Server]:
+    request_id = submitting(inv, group_id)
+    srv = server(group_id, "BUILD", request_id=request_id)
+    inv.create_succeeded(request_id, srv)
+    return request_id, srv
+
+
+def failed(inv: Inventory, group_id: str = "workers", error: ErrorInfo = QUOTA) -> str:
+    request_id = submitting(inv, group_id)
+    inv.create_failed(request_id, error, NOW)
+    return request_id
+
+
+def apply_delete(inv: Inventory, plan: DeletePlan, now: float) -> None:
+    """Apply a delete plan to the ledger the way the engine does."""
+    inv.mark_deleting(plan.servers, now)
+    for request_id in plan.failures:
+        inv.remove_failure(request_id, now)
+    for request_id in plan.cancels:
+        inv.cancel_create(request_id, now)
+    for request_id in plan.dooms:
+        inv.doom_create(request_id)
+
+
+def by_id(instances: list[Instance]) -> dict[str, Instance]:
+    return {instance.instance_id: instance for instance in instances}
+
+
+# -- ids ------------------------------------------------------------------------------------------
+
+
+def test_provider_id_round_trip_default_form():
+    server_id = str(uuid.uuid4())
+    assert IDS.format(server_id) == f"openstack:///{server_id}"
+    assert IDS.parse(IDS.format(server_id)) == server_id
+
+
+def test_provider_id_round_trip_regional_form():
+    ids = ProviderIdFormat("RegionOne")
+    server_id = str(uuid.uuid4())
+    assert ids.format(server_id) == f"openstack://RegionOne/{server_id}"
+    assert ids.parse(f"openstack://RegionOne/{server_id}") == server_id
+    # Each form only accepts itself: one is configured, and used both ways.
+    assert ids.parse(f"openstack:///{server_id}") is None
+    assert IDS.parse(f"openstack://RegionOne/{server_id}") is None
+
+
+@pytest.mark.parametrize(
+    "provider_id",
+    [
+        f"openstack://RegionTwo/{UUID}",
+        f"openstack://regionone/{UUID}",
+        f"openstack://RegionOne2/{UUID}",
+        f"openstack:///{UUID}",
+        "openstack://RegionOne/not-a-uuid",
+        "openstack://RegionOne/i-0123456789abcdef0",
+        f"openstack://RegionOne/{UUID.replace('-', '')}",
+        f"openstack://RegionOne/{UUID.upper()}",
+        f"openstack://RegionOne/{UUID}x",
+        f"openstack://RegionOne/{UUID}/",
+        f"openstack://RegionOne/{UUID} ",
+        f"openstack://RegionOne/{UUID}/{UUID}",
+        f" openstack://RegionOne/{UUID}",
+        f"aws://RegionOne/{UUID}",
+        f"OPENSTACK://RegionOne/{UUID}",
+        "openstack://RegionOne/",
+        "",
+    ],
+)
+def test_regional_provider_id_rejects(provider_id):
+    assert ProviderIdFormat("RegionOne").parse(provider_id) is None
+
+
+@pytest.mark.parametrize(
+    "provider_id",
+    [
+        f"openstack://RegionOne/{UUID}",
+        f"openstack:////{UUID}",
+        f"openstack:///{UUID.upper()}",
+        f"openstack:///{UUID[:-1]}",
+        f"openstack:///{UUID}0",
+        f"openstack:///{UUID}?x=1",
+        f"gce:///{UUID}",
+        UUID,
+    ],
+)
+def test_default_provider_id_rejects(provider_id):
+    assert IDS.parse(provider_id) is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param(f"openstack:///{UUID}\n", id="provider-id"),
+        pytest.param(f"osas://workers/{REQ}\n", id="placeholder"),
+    ],
+)
+def test_ids_reject_trailing_newline(value):
+    assert IDS.parse(value) is None
+    assert parse_placeholder_id(value) is None
+
+
+def test_placeholder_id_round_trip():
+    request_id = rid()
+    value = placeholder_id("workers", request_id)
+    assert value == f"osas://workers/{request_id}"
+    assert parse_placeholder_id(value) == ("workers", request_id)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "osas://workers",
+        f"osas://workers{REQ}",
+        f"osas:///{REQ}",
+        f"osas://Workers/{REQ}",
+        f"osas://-workers/{REQ}",
+        f"osas://work_ers/{REQ}",
+        f"osas://{'a' * 41}/{REQ}",
+        f"osas://workers/{REQ[:-1]}",
+        f"osas://workers/{REQ}0",
+        f"osas://workers/{REQ.upper()}",
+        f"osas://workers/{UUID}",
+        f"osas://workers/{REQ}/x",
+        f"osas://workers/{'g' * 32}",
+        f"osas:/workers/{REQ}",
+        f"openstack:///{UUID}",
+        "",
+    ],
+)
+def test_placeholder_id_rejects(value):
+    assert parse_placeholder_id(value) is None
+
+
+def test_parse_node_server():
+    server_id = str(uuid.uuid4())
+    provider_id = IDS.format(server_id)
+    assert parse_node("node-1", provider_id, IDS) == ServerNode(server_id)
+    # CA's fake nodes carry the instance id as both name and provider id.
+    assert parse_node(provider_id, provider_id, IDS) == ServerNode(server_id)
+
+
+def test_parse_node_regional_server():
+    ids = ProviderIdFormat("RegionOne")
+    server_id = str(uuid.uuid4())
+    assert parse_node("n", f"openstack://RegionOne/{server_id}", ids) == ServerNode(server_id)
+    with pytest.raises(InvalidRequest):
+        parse_node("n", f"openstack:///{server_id}", ids)
+
+
+def test_parse_node_placeholder():
+    request_id = rid()
+    value = placeholder_id("gpu", request_id)
+    assert parse_node(value, value, IDS) == PlaceholderNode("gpu", request_id)
+
+
+def test_parse_node_name_only():
+    assert parse_node("prod-workers-abc", "", IDS) == NamedNode("prod-workers-abc")
+
+
+@pytest.mark.parametrize(
+    "provider_id",
+    [
+        "aws:///us-east-1a/i-0123456789abcdef0",
+        f"openstack:///{UUID.upper()}",
+        "openstack:///not-a-uuid",
+        f"osas://workers/{REQ[:10]}",
+        "osas://nope",
+    ],
+)
+def test_parse_node_malformed_provider_id(provider_id):
+    with pytest.raises(InvalidRequest):
+        parse_node("node-1", provider_id, IDS)
+
+
+def test_parse_node_length_limits():
+    provider_id = IDS.format(str(uuid.uuid4()))
+    assert parse_node("a" * MAX_ID_LENGTH, "", IDS) == NamedNode("a" * MAX_ID_LENGTH)
+    with pytest.raises(InvalidRequest):
+        parse_node("a" * (MAX_ID_LENGTH + 1), provider_id, IDS)
+    with pytest.raises(InvalidRequest):
+        parse_node("node-1", provider_id + "x" * MAX_ID_LENGTH, IDS)
+    with pytest.raises(InvalidRequest):
+        parse_node("a" * 10_000, "", IDS)
+
+
+def test_parse_node_both_empty():
+    with pytest.raises(InvalidRequest):
+        parse_node("", "", IDS)
+
+
+# -- ownership ------------------------------------------------------------------------------------
+
+
+def record(
+    *,
+    metadata: dict[str, str] | None = None,
+    tags: set[str] | None = None,
+    status: str = "active",
+    task_state: str | None = None,
+    fault: Fault | None = None,
+) -> ServerRecord:
+    marks = OwnershipMarks(CLUSTER)
+    return ServerRecord(
+        server_id=str(uuid.uuid4()),
+        name="prod-workers-0123456789",
+        status=status,
+        metadata=marks.metadata("workers", REQ) if metadata is None else metadata,
+        tags=frozenset(marks.tags(REQ) if tags is None else tags),
+        task_state=task_state,
+        fault=fault,
+    )
+
+
+def test_claim_server_with_all_marks():
+    fault = Fault(500, "boom")
+    rec = record(status="active", task_state="deleting", fault=fault)
+    claimed = OwnershipMarks(CLUSTER).claim(rec)
+    assert claimed == Server(
+        server_id=rec.server_id,
+        name=rec.name,
+        group_id="workers",
+        status="ACTIVE",
+        task_state="deleting",
+        request_id=REQ,
+        fault=fault,
+    )
+
+
+def test_marks_written_on_create_are_the_ones_claimed():
+    marks = OwnershipMarks(CLUSTER)
+    assert marks.metadata("gpu", REQ) == {
+        META_CLUSTER: CLUSTER,
+        META_GROUP: "gpu",
+        META_REQUEST: REQ,
+    }
+    assert marks.tags(REQ) == [f"osas-cluster={CLUSTER}", f"osas-request={REQ}"]
+    claimed = marks.claim(record(metadata=marks.metadata("gpu", REQ)))
+    assert claimed is not None
+    assert claimed.group_id == "gpu"
+
+
+def test_claim_without_request_id_still_ours():
+    claimed = OwnershipMarks(CLUSTER).claim(
+        record(metadata={META_CLUSTER: CLUSTER, META_GROUP: "workers"})
+    )
+    assert claimed is not None
+    assert claimed.request_id is None
+
+
+@pytest.mark.parametrize(
+    ("metadata", "tags"),
+    [
+        pytest.param({META_CLUSTER: "other", META_GROUP: "workers"}, None, id="other-cluster"),
+        pytest.param(
+            {META_CLUSTER: "other", META_GROUP: "workers"},
+            {"osas-cluster=other"},
+            id="other-cluster-fully",
+        ),
+        pytest.param({META_CLUSTER: "prod-2", META_GROUP: "workers"}, None, id="lookalike-meta"),
+        pytest.param({META_CLUSTER: "Prod", META_GROUP: "workers"}, None, id="case-meta"),
+        pytest.param({META_CLUSTER: "pro", META_GROUP: "workers"}, None, id="prefix-meta"),
+        pytest.param(None, set(), id="no-tags"),
+        pytest.param(None, {f"osas-request={REQ}"}, id="missing-cluster-tag"),
+        pytest.param(None, {"osas-cluster=production"}, id="lookalike-tag"),
+        pytest.param(None, {"osas-cluster=prod-2"}, id="lookalike-tag-2"),
+        pytest.param(None, {"osas-cluster="}, id="empty-tag"),
+        pytest.param(None, {"prod"}, id="bare-name-tag"),
+        pytest.param({META_CLUSTER: CLUSTER}, None, id="missing-group"),
+        pytest.param({META_CLUSTER: CLUSTER, META_GROUP: ""}, None, id="empty-group"),
+        pytest.param({META_GROUP: "workers"}, None, id="missing-cluster-meta"),
+        pytest.param({}, None, id="no-metadata"),
+        pytest.param({"cluster": CLUSTER, "node-group": "workers"}, None, id="lookalike-meta-keys"),
+    ],
+)
+def test_claim_refuses(metadata, tags):
+    assert OwnershipMarks(CLUSTER).claim(record(metadata=metadata, tags=tags)) is None
+
+
+def test_claim_ignores_name_that_looks_like_ours():
+    rec = ServerRecord(
+        server_id=str(uuid.uuid4()),
+        name=f"{CLUSTER}-workers-0123456789",
+        status="ACTIVE",
+        metadata={},
+        tags=frozenset(),
+    )
+    assert OwnershipMarks(CLUSTER).claim(rec) is None
+
+
+# -- faults ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("message", "code"),
+    [
+        ("No valid host was found. There are not enough hosts available.", "NoValidHost"),
+        ("NO VALID HOST was found", "NoValidHost"),
+        (
+            "Quota exceeded for cores: Requested 8, but already used 96 of 100 cores",
+            "QuotaExceeded",
+        ),
+        ("Quota exceeded for instances", "QuotaExceeded"),
+        ("Maximum number of ports exceeded; exceeded maximum number of ports", "QuotaExceeded"),
+    ],
+)
+def test_classify_fault_out_of_resources(message, code):
+    info = classify_fault(Fault(500, message))
+    assert info == ErrorInfo(code, message, ErrorClass.OUT_OF_RESOURCES)
+    assert info.error_class == 1
+
+
+@pytest.mark.parametrize(
+    "message",
+    ["Build of instance aborted: Failed to allocate the network(s)", "Image not found", ""],
+)
+def test_classify_fault_other(message):
+    info = classify_fault(Fault(500, message))
+    assert info.error_class is ErrorClass.OTHER
+    assert info.error_class == 99
+    assert info.code  # CA ignores error info whose code is empty
+    assert info.code not in {"NoValidHost", "QuotaExceeded"}
+    assert info.message == message
+
+
+def test_classify_no_fault():
+    info = classify_fault(None)
+    assert info.error_class is ErrorClass.OTHER
+    assert info.code
+
+
+# -- target size ----------------------------------------------------------------------------------
+
+
+def test_target_size_counts_servers_creates_and_failures():
+    marked = server()
+    spec = cluster()
+    inv = inventory(
+        spec,
+        server(),
+        server(),
+        server(status="BUILD"),
+        server(status="ERROR"),
+        server(task_state="deleting"),
+        server(status="SOFT_DELETED"),
+        marked,
+        server("gpu"),
+    )
+    assert inv.target_size("workers") == 5
+    inv.mark_deleting([marked.server_id], 101.0)
+    assert inv.target_size("workers") == 4
+    queued(inv)
+    submitting(inv)
+    created(inv)
+    assert inv.target_size("workers") == 7
+    failed(inv)
+    assert inv.target_size("workers") == 8
+    doomed = submitting(inv)
+    inv.doom_create(doomed)
+    assert inv.target_size("workers") == 8
+    assert inv.target_size("gpu") == 1
+    assert inv.target_size("nope") == 0
+
+
+def test_target_size_does_not_count_a_listed_create_twice():
+    inv = inventory()
+    _, srv = created(inv)
+    assert inv.target_size("workers") == 1
+    full_sync(inv, srv)
+    assert inv.target_size("workers") == 1
+
+
+# -- instances ------------------------------------------------------------------------------------
+
+
+def test_instances_states():
+    build, active, error, marked = (
+        server(status="BUILD"),
+        server(),
+        server(status="ERROR", fault=Fault(500, "No valid host was found.")),
+        server(),
+    )
+    task_deleting = server(task_state="deleting")
+    shutoff = server(status="SHUTOFF")
+    inv = inventory(None, build, active, error, marked, task_deleting, shutoff, server("gpu"))
+    inv.mark_deleting([marked.server_id, error.server_id], 101.0)
+    got = by_id(inv.instances("workers"))
+    assert len(got) == 6
+    assert got[pid(build)] == Instance(pid(build), InstanceState.CREATING)
+    assert got[pid(active)] == Instance(pid(active), InstanceState.RUNNING)
+    assert got[pid(marked)] == Instance(pid(marked), InstanceState.DELETING)
+    assert got[pid(task_deleting)] == Instance(pid(task_deleting), InstanceState.DELETING)
+    assert got[pid(error)].state is InstanceState.DELETING
+    assert got[pid(shutoff)].state is InstanceState.RUNNING
+
+
+def test_instances_error_server_is_creating_with_error_info():
+    quota = server(status="ERROR", fault=Fault(403, "Quota exceeded for ram"))
+    other = server(status="ERROR", fault=Fault(500, "Failed to allocate the network(s)"))
+    silent = server(status="ERROR")
+    got = by_id(inventory(None, quota, other, silent).instances("workers"))
+    assert got[pid(quota)].state is InstanceState.CREATING
+    assert got[pid(quota)].error == ErrorInfo(
+        "QuotaExceeded", "Quota exceeded for ram", ErrorClass.OUT_OF_RESOURCES
+    )
+    assert got[pid(other)].state is InstanceState.CREATING
+    assert got[pid(other)].error is not None
+    assert got[pid(other)].error.error_class is ErrorClass.OTHER
+    assert got[pid(silent)].error is not None
+    assert got[pid(silent)].error.code
+
+
+def test_instances_pending_and_failed_creates():
+    inv = inventory()
+    queued_id = queued(inv)
+    flight_id = submitting(inv)
+    created_id, created_srv = created(inv)
+    failed_id = failed(inv)
+    doomed_id = submitting(inv)
+    inv.doom_create(doomed_id)
+    got = by_id(inv.instances("workers"))
+    assert got == {
+        f"osas://workers/{queued_id}": Instance(
+            f"osas://workers/{queued_id}", InstanceState.CREATING
+        ),
+        f"osas://workers/{flight_id}": Instance(
+            f"osas://workers/{flight_id}", InstanceState.CREATING
+        ),
+        pid(created_srv): Instance(pid(created_srv), InstanceState.CREATING),
+        f"osas://workers/{failed_id}": Instance(
+            f"osas://workers/{failed_id}", InstanceState.CREATING, QUOTA
+        ),
+        f"osas://workers/{doomed_id}": Instance(
+            f"osas://workers/{doomed_id}", InstanceState.DELETING
+        ),
+    }
+    assert created_id not in "".join(got)
+    assert inv.instances("gpu") == []
+
+
+def test_failed_create_ids_are_stable():
+    inv = inventory()
+    failed_id = failed(inv)
+    first = inv.instances("workers")
+    full_sync(inv, now=200.0)
+    queued(inv)
+    second = inv.instances("workers")
+    assert first == [Instance(f"osas://workers/{failed_id}", InstanceState.CREATING, QUOTA)]
+    assert first[0] in second
+
+
+def test_instances_use_the_regional_form():
+    srv = server()
+    inv = inventory(cluster(provider_ids=ProviderIdFormat("RegionOne")), srv)
+    assert [i.instance_id for i in inv.instances("workers")] == [
+        f"openstack://RegionOne/{srv.server_id}"
+    ]
+
+
+# -- sync -----------------------------------------------------------------------------------------
+
+
+def test_not_synced_until_first_full_sync():
+    inv = Inventory(cluster())
+    assert not inv.synced
+    assert inv.age(5.0) is None
+    full_sync(inv, now=10.0)
+    assert inv.synced
+    assert inv.age(12.5) == 2.5
+
+
+def test_full_sync_replaces_the_servers_whole():
+    a, b, c = server(), server(), server("gpu")
+    inv = inventory(None, a, b)
+    report = full_sync(inv, b, c, now=110.0)
+    assert {s.server_id for s in inv.servers()} == {b.server_id, c.server_id}
+    assert inv.server(a.server_id) is None
+    assert report.servers == 2
+    assert inv.recently_removed(pid(a))
+    assert not inv.recently_removed(pid(b))
+
+
+def test_full_sync_drops_deleted_status_servers():
+    a = server()
+    inv = inventory(None, a)
+    full_sync(inv, server(status="DELETED", server_id=a.server_id))
+    assert inv.servers() == []
+    assert inv.recently_removed(pid(a))
+
+
+def test_incremental_sync_merges():
+    a, b, c = server(), server(), server()
+    inv = inventory(None, a, b)
+    a_error = server(status="ERROR", server_id=a.server_id, name=a.name)
+    report = inv.apply_changes(inv.begin_sync(), [a_error, c], [b.server_id], 120.0)
+    assert {s.server_id for s in inv.servers()} == {a.server_id, c.server_id}
+    assert inv.server(a.server_id) == a_error
+    assert report.servers == 2
+    assert inv.age(120.0) == 0.0
+    assert inv.recently_removed(pid(b))
+
+
+def test_server_gone_from_listing_drops_its_deleting_mark():
+    a, b = server(), server()
+    inv = inventory(None, a, b)
+    inv.mark_deleting([a.server_id, b.server_id], 101.0)
+    assert inv.deleting_ids() == sorted([a.server_id, b.server_id])
+    report = full_sync(inv, b, now=110.0)
+    assert inv.deleting_ids() == [b.server_id]
+    assert report.deleted == 1
+    report = inv.apply_changes(inv.begin_sync(), [], [b.server_id], 120.0)
+    assert inv.deleting_ids() == []
+    assert report.deleted == 1
+
+
+def test_mark_on_unlisted_server_kept_by_older_sync_dropped_by_newer():
+    inv = inventory()
+    unseen = str(uuid.uuid4())
+    older = inv.begin_sync()
+    inv.mark_deleting([unseen], 101.0)
+    inv.apply_full_sync(older, [], 102.0)
+    assert inv.deleting_ids() == [unseen]
+    full_sync(inv, now=103.0)
+    assert inv.deleting_ids() == []
+
+
+def test_stale_deletions():
+    a = server()
+    inv = inventory(None, a)
+    inv.mark_deleting([a.server_id], 100.0)
+    inv.mark_deleting([a.server_id], 150.0)  # a repeat keeps the first mark
+    assert inv.stale_deletions(159.0, older_than=60.0) == []
+    assert inv.stale_deletions(160.0, older_than=60.0) == [a]
+
+
+def test_forget_server():
+    a = server()
+    inv = inventory(None, a)
+    inv.mark_deleting([a.server_id], 101.0)
+    inv.forget_server(a.server_id, NOW)
+    assert inv.server(a.server_id) is None
+    assert inv.deleting_ids() == []
+    assert inv.target_size("workers") == 0
+
+
+def test_created_create_settles_once_listed():
+    inv = inventory()
+    request_id, srv = created(inv)
+    assert inv.pending(request_id).stage is CreateStage.CREATED
+    assert inv.pending_by_server(srv.server_id) is not None
+    report = full_sync(inv, srv, now=110.0)
+    assert report.settled_creates == 1
+    assert inv.pending(request_id) is None
+    assert inv.target_size("workers") == 1
+    assert [i.instance_id for i in inv.instances("workers")] == [pid(srv)]
+
+
+def test_created_create_settles_by_request_id():
+    inv = inventory()
+    request_id, _ = created(inv)
+    # The listing shows the create's server under another id (its answer was unreliable).
+    listed = server(request_id=request_id)
+    report = inv.apply_changes(inv.begin_sync(), [listed], [], 110.0)
+    assert report.settled_creates == 1
+    assert inv.pending(request_id) is None
+    assert inv.target_size("workers") == 1
+    assert [i.instance_id for i in inv.instances("workers")] == [pid(listed)]
+
+
+def test_in_flight_create_listed_by_request_id_is_not_counted_twice():
+    inv = inventory()
+    request_id = submitting(inv)
+    listed = server(status="BUILD", request_id=request_id)
+    full_sync(inv, listed)
+    assert inv.target_size("workers") == 1
+    assert [i.instance_id for i in inv.instances("workers")] == [pid(listed)]
+    # The answer arrives after the listing: the create settles at once.
+    inv.create_succeeded(request_id, listed)
+    assert inv.pending(request_id) is None
+    assert inv.target_size("workers") == 1
+
+
+def test_created_create_absent_from_later_full_sync_is_dropped():
+    inv = inventory()
+    request_id, _ = created(inv)
+    report = full_sync(inv, now=110.0)
+    assert report.vanished_creates == 1
+    assert inv.pending(request_id) is None
+    assert inv.target_size("workers") == 0
+    assert inv.instances("workers") == []
+
+
+def test_created_create_absent_from_earlier_sync_is_kept():
+    inv = inventory()
+    older = inv.begin_sync()
+    request_id, srv = created(inv)
+    report = inv.apply_full_sync(older, [], 110.0)
+    assert report.vanished_creates == 0
+    assert inv.pending(request_id) is not None
+    assert inv.target_size("workers") == 1
+    # An incremental listing proves nothing about absence either.
+    inv.apply_changes(inv.begin_sync(), [], [], 111.0)
+    assert inv.pending(request_id) is not None
+    assert by_id(inv.instances("workers"))[pid(srv)].state is InstanceState.CREATING
+
+
+def test_queued_and_in_flight_creates_survive_full_syncs():
+    inv = inventory()
+    waiting, flying = queued(inv), submitting(inv)
+    full_sync(inv, now=110.0)
+    full_sync(inv, now=120.0)
+    assert inv.pending(waiting) is not None
+    assert inv.pending(flying) is not None
+    assert inv.target_size("workers") == 2
+
+
+def test_failed_create_dropped_when_its_server_shows_up():
+    inv = inventory()
+    request_id = failed(inv)
+    assert inv.failure(request_id) is not None
+    assert inv.target_size("workers") == 1
+    listed = server(request_id=request_id)
+    full_sync(inv, listed, now=110.0)
+    assert inv.failure(request_id) is None
+    assert inv.failures_of("workers") == []
+    assert inv.target_size("workers") == 1
+    assert [i.instance_id for i in inv.instances("workers")] == [pid(listed)]
+
+
+def test_failed_create_whose_server_is_already_listed_is_not_counted():
+    inv = inventory()
+    request_id = submitting(inv)
+    listed = server(status="BUILD", request_id=request_id)
+    full_sync(inv, listed, now=110.0)
+    inv.create_failed(request_id, QUOTA, NOW)
+    assert inv.target_size("workers") == 1
+    assert [i.instance_id for i in inv.instances("workers")] == [pid(listed)]
+
+
+def test_removed_ids_are_forgotten_after_a_while():
+    a = server()
+    inv = inventory(None, a, now=0.0)
+    full_sync(inv, now=10.0)
+    assert inv.recently_removed(pid(a))
+    full_sync(inv, now=10.0 + REMOVED_MEMORY_SECONDS)
+    assert inv.recently_removed(pid(a))
+    full_sync(inv, now=11.0 + REMOVED_MEMORY_SECONDS)
+    assert not inv.recently_removed(pid(a))
+
+
+def test_ledger_updates_on_unknown_requests_are_harmless():
+    inv = inventory()
+    unknown = rid()
+    assert inv.start_create(unknown) is None
+    inv.create_succeeded(unknown, server())
+    inv.create_failed(unknown, QUOTA, NOW)
+    inv.cancel_create(unknown, 101.0)
+    inv.remove_failure(unknown, 101.0)
+    assert inv.target_size("workers") == 0
+    assert inv.instances("workers") == []
+
+
+def test_cancelled_create_is_never_started():
+    inv = inventory()
+    request_id = queued(inv)
+    inv.cancel_create(request_id, 101.0)
+    assert inv.start_create(request_id) is None
+    assert inv.recently_removed(f"osas://workers/{request_id}")
+
+
+def test_doomed_create_that_fails_reports_nothing():
+    inv = inventory()
+    request_id = submitting(inv)
+    inv.doom_create(request_id)
+    inv.create_failed(request_id, QUOTA, NOW)
+    assert inv.failure(request_id) is None
+    assert inv.instances("workers") == []
+
+
+# -- group for node -------------------------------------------------------------------------------
+
+
+def test_group_for_node():
+    a, g = server(name="dup"), server("gpu", name="dup")
+    solo = server(name="solo")
+    inv = inventory(None, a, g, solo)
+    waiting = queued(inv, "gpu")
+    _, unlisted = created(inv)
+    assert inv.group_for_node("x", pid(a)) == "workers"
+    assert inv.group_for_node("x", pid(g)) == "gpu"
+    assert inv.group_for_node("x", pid(unlisted)) == "workers"
+    assert inv.group_for_node("solo", "") == "workers"
+    assert inv.group_for_node("dup", "") is None
+    assert inv.group_for_node("x", f"osas://gpu/{waiting}") == "gpu"
+    assert inv.group_for_node("x", f"osas://workers/{waiting}") is None
+    assert inv.group_for_node("x", IDS.format(str(uuid.uuid4()))) is None
+    assert inv.group_for_node("x", "aws:///i-1") is None
+    assert inv.group_for_node("", "") is None
+
+
+# -- plan_increase --------------------------------------------------------------------------------
+
+
+def test_plan_increase():
+    spec = cluster(node_group("workers", max_size=5))
+    inv = inventory(spec, server(), server(status="ERROR"))
+    queued(inv)
+    failed(inv)
+    assert plan_increase(spec, inv, "workers", 1) == 1
+    assert inv.target_size("workers") == 4  # planning changes nothing
+    with pytest.raises(PreconditionFailed):
+        plan_increase(spec, inv, "workers", 2)
+
+
+@pytest.mark.parametrize("delta", [0, -1, -5])
+def test_plan_increase_delta_must_be_positive(delta):
+    spec = cluster()
+    with pytest.raises(InvalidRequest):
+        plan_increase(spec, inventory(spec), "workers", delta)
+
+
+def test_plan_increase_up_to_max_exactly():
+    spec = cluster(node_group("workers", max_size=3))
+    inv = inventory(spec, server(), server(task_state="deleting"))
+    assert plan_increase(spec, inv, "workers", 2) == 2
+    with pytest.raises(PreconditionFailed):
+        plan_increase(spec, inv, "workers", 3)
+
+
+def test_plan_increase_unknown_group():
+    spec = cluster()
+    with pytest.raises(NodeGroupNotFound):
+        plan_increase(spec, inventory(spec), "nope", 1)
+
+
+# -- plan_decrease --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("delta", [0, 1])
+def test_plan_decrease_delta_must_be_negative(delta):
+    spec = cluster()
+    inv = inventory(spec)
+    queued(inv)
+    with pytest.raises(InvalidRequest):
+        plan_decrease(spec, inv, "workers", delta)
+
+
+def test_plan_decrease_unknown_group():
+    spec = cluster()
+    with pytest.raises(NodeGroupNotFound):
+        plan_decrease(spec, inventory(spec), "nope", -1)
+
+
+def test_plan_decrease_limited_to_failed_and_queued():
+    spec = cluster()
+    inv = inventory(spec)
+    failure = failed(inv)
+    first, second = queued(inv), queued(inv)
+    queued(inv, "gpu")
+    with pytest.raises(PreconditionFailed):
+        plan_decrease(spec, inv, "workers", -4)
+    plan = plan_decrease(spec, inv, "workers", -3)
+    assert plan.failures == (failure,)
+    assert set(plan.cancels) == {first, second}
+    assert inv.target_size("workers") == 3  # planning changes nothing
+
+
+def test_plan_decrease_never_touches_servers_or_creates_in_flight():
+    spec = cluster()
+    inv = inventory(spec, server(), server(status="BUILD"), server(status="ERROR"))
+    flying = submitting(inv)
+    created_id, _ = created(inv)
+    waiting = queued(inv)
+    plan = plan_decrease(spec, inv, "workers", -1)
+    assert plan.cancels == (waiting,)
+    assert plan.failures == ()
+    with pytest.raises(PreconditionFailed):
+        plan_decrease(spec, inv, "workers", -2)
+    inv.cancel_create(waiting, 101.0)
+    with pytest.raises(PreconditionFailed):
+        plan_decrease(spec, inv, "workers", -1)
+    assert inv.pending(flying) is not None
+    assert inv.pending(created_id) is not None
+
+
+def test_plan_decrease_skips_doomed_creates():
+    spec = cluster()
+    inv = inventory(spec)
+    doomed = submitting(inv)
+    inv.doom_create(doomed)
+    with pytest.raises(PreconditionFailed):
+        plan_decrease(spec, inv, "workers", -1)
+
+
+def test_plan_decrease_picks_the_newest():
+    spec = cluster()
+    inv = inventory(spec)
+    first, second, third = queued(inv), queued(inv), queued(inv)
+    assert plan_decrease(spec, inv, "workers", -1).cancels == (third,)
+    assert plan_decrease(spec, inv, "workers", -2).cancels == (second, third)
+    assert plan_decrease(spec, inv, "workers", -3).cancels == (first, second, third)
+
+
+def test_plan_decrease_cancels_queued_before_failures():
+    spec = cluster()
+    inv = inventory(spec)
+    failure = failed(inv)
+    waiting = queued(inv)
+    one = plan_decrease(spec, inv, "workers", -1)
+    assert one.cancels == (waiting,)
+    assert one.failures == ()
+    two = plan_decrease(spec, inv, "workers", -2)
+    assert two.cancels == (waiting,)
+    assert two.failures == (failure,)
+
+
+# -- plan_delete ----------------------------------------------------------------------------------
+
+
+def test_plan_delete_servers():
+    spec = cluster(node_group("workers", min_size=1))
+    a, b, c = server(), server(), server()
+    inv = inventory(spec, a, b, c)
+    plan = plan_delete(spec, inv, "workers", [("node-a", pid(a)), fake_node(pid(b))])
+    assert plan.group_id == "workers"
+    assert plan.servers == (a.server_id, b.server_id)
+    assert plan.removals == 2
+    assert plan.repeats == 0
+    assert inv.deleting_ids() == []  # planning changes nothing
+
+
+def test_plan_delete_empty_request():
+    spec = cluster()
+    with pytest.raises(InvalidRequest):
+        plan_delete(spec, inventory(spec, server()), "workers", [])
+
+
+def test_plan_delete_unknown_group():
+    spec = cluster()
+    a = server()
+    with pytest.raises(NodeGroupNotFound):
+        plan_delete(spec, inventory(spec, a), "nope", [fake_node(pid(a))])
+
+
+def test_plan_delete_refuses_duplicates():
+    spec = cluster()
+    a, b = server(name="node-a"), server()
+    inv = inventory(spec, a, b)
+    request_id = queued(inv)
+    placeholder = f"osas://workers/{request_id}"
+    for nodes in (
+        [fake_node(pid(a)), fake_node(pid(a))],
+        [("x", pid(a)), ("y", pid(b)), ("z", pid(a))],
+        [fake_node(pid(a)), ("node-a", "")],
+        [("node-a", ""), ("node-a", "")],
+        [fake_node(placeholder), fake_node(placeholder)],
+    ):
+        with pytest.raises(InvalidRequest):
+            plan_delete(spec, inv, "workers", nodes)
+
+
+@pytest.mark.parametrize(
+    "provider_id",
+    ["aws:///us-east-1a/i-0123", "openstack:///not-a-uuid", f"openstack://RegionOne/{UUID}"],
+)
+def test_plan_delete_malformed_provider_id_refuses_whole_request(provider_id):
+    spec = cluster()
+    a = server()
+    inv = inventory(spec, a)
+    with pytest.raises(InvalidRequest):
+        plan_delete(spec, inv, "workers", [fake_node(pid(a)), ("n", provider_id)])
+
+
+def test_plan_delete_node_of_another_group():
+    spec = cluster()
+    g = server("gpu", name="gpu-node")
+    inv = inventory(spec, server(), g)
+    gpu_queued = queued(inv, "gpu")
+    gpu_failed = failed(inv, "gpu")
+    _, gpu_unlisted = created(inv, "gpu")
+    for node in (
+        fake_node(pid(g)),
+        ("gpu-node", ""),
+        fake_node(f"osas://gpu/{gpu_queued}"),
+        fake_node(f"osas://gpu/{gpu_failed}"),
+        fake_node(pid(gpu_unlisted)),
+    ):
+        with pytest.raises(InvalidRequest):
+            plan_delete(spec, inv, "workers", [node])
+
+
+def test_plan_delete_node_not_ours():
+    spec = cluster()
+    inv = inventory(spec, server(name="ours"))
+    for node in (
+        fake_node(IDS.format(str(uuid.uuid4()))),
+        fake_node(f"osas://workers/{rid()}"),
+        ("not-ours", ""),
+    ):
+        with pytest.raises(NodeNotFound):
+            plan_delete(spec, inv, "workers", [node])
+
+
+def test_plan_delete_placeholder_naming_the_wrong_group():
+    spec = cluster()
+    inv = inventory(spec)
+    gpu_queued = queued(inv, "gpu")
+    with pytest.raises(NodeNotFound):
+        plan_delete(spec, inv, "workers", [fake_node(f"osas://workers/{gpu_queued}")])
+
+
+def test_plan_delete_failed_placeholder_naming_the_wrong_group():
+    spec = cluster()
+    inv = inventory(spec)
+    gpu_failed = failed(inv, "gpu")
+    forged = f"osas://workers/{gpu_failed}"
+    assert inv.group_for_node(forged, forged) is None
+    try:
+        plan = plan_delete(spec, inv, "workers", [fake_node(forged)])
+    except (NodeNotFound, InvalidRequest):
+        return
+    assert gpu_failed not in plan.failures
+
+
+def test_plan_delete_by_name():
+    spec = cluster()
+    a = server(name="node-a")
+    inv = inventory(spec, a, server(name="twin"), server(name="twin"))
+    assert plan_delete(spec, inv, "workers", [("node-a", "")]).servers == (a.server_id,)
+    with pytest.raises(InvalidRequest):
+        plan_delete(spec, inv, "workers", [("twin", "")])
+
+
+def test_plan_delete_respects_min_size_for_healthy_servers():
+    spec = cluster(node_group("workers", min_size=2))
+    a, b, c = server(), server(), server(status="BUILD")
+    inv = inventory(spec, a, b)
+    with pytest.raises(PreconditionFailed):
+        plan_delete(spec, inv, "workers", [fake_node(pid(a))])
+    full_sync(inv, a, b, c)
+    assert plan_delete(spec, inv, "workers", [fake_node(pid(c))]).servers == (c.server_id,)
+    with pytest.raises(PreconditionFailed):
+        plan_delete(spec, inv, "workers", [fake_node(pid(a)), fake_node(pid(c))])
+
+
+def test_plan_delete_queued_and_in_flight_creates_count_against_min():
+    spec = cluster(node_group("workers", min_size=2))
+    inv = inventory(spec, server())
+    waiting = queued(inv)
+    with pytest.raises(PreconditionFailed):
+        plan_delete(spec, inv, "workers", [fake_node(f"osas://workers/{waiting}")])
+
+
+def test_plan_delete_failed_creates_and_error_servers_below_min():
+    spec = cluster(node_group("workers", min_size=3))
+    a, b, broken = server(), server(), server(status="ERROR")
+    inv = inventory(spec, a, b, broken)
+    failure = failed(inv)
+    plan = plan_delete(
+        spec, inv, "workers", [fake_node(pid(broken)), fake_node(f"osas://workers/{failure}")]
+    )
+    assert plan.servers == (broken.server_id,)
+    assert plan.failures == (failure,)
+    assert plan.removals == 2
+    # Target 4, min 3: one healthy server may go, two may not.
+    assert plan_delete(spec, inv, "workers", [fake_node(pid(a)), fake_node(pid(broken))])
+    with pytest.raises(PreconditionFailed):
+        plan_delete(spec, inv, "workers", [fake_node(pid(a)), fake_node(pid(b))])
+
+
+@pytest.mark.parametrize("kind", ["failed-create", "error-server"])
+def test_plan_delete_errors_removable_when_group_already_below_min(kind):
+    spec = cluster(node_group("workers", min_size=2))
+    broken = server(status="ERROR", fault=Fault(500, "No valid host was found."))
+    inv = inventory(spec, broken) if kind == "error-server" else inventory(spec)
+    instance_id = f"osas://workers/{failed(inv)}" if kind == "failed-create" else pid(broken)
+    assert inv.target_size("workers") == 1  # below min 2 already
+    plan = plan_delete(spec, inv, "workers", [fake_node(instance_id)])
+    assert plan.removals == 1
+
+
+def test_plan_delete_repeats_of_deleting_servers():
+    spec = cluster(node_group("workers", min_size=1))
+    a, b, nova_deleting = server(), server(), server(task_state="deleting")
+    inv = inventory(spec, a, b, nova_deleting)
+    inv.mark_deleting([b.server_id], 101.0)
+    assert inv.target_size("workers") == 1
+    plan = plan_delete(spec, inv, "workers", [fake_node(pid(b)), fake_node(pid(nova_deleting))])
+    assert plan.servers == ()
+    assert plan.repeats == 2
+    assert plan.removals == 0
+
+
+def test_plan_delete_cancels_queued_and_dooms_in_flight_creates():
+    spec = cluster()
+    inv = inventory(spec)
+    waiting, flying = queued(inv), submitting(inv)
+    plan = plan_delete(
+        spec,
+        inv,
+        "workers",
+        [fake_node(f"osas://workers/{waiting}"), fake_node(f"osas://workers/{flying}")],
+    )
+    assert plan.cancels == (waiting,)
+    assert plan.dooms == (flying,)
+    assert plan.servers == ()
+    assert plan.removals == 2
+    apply_delete(inv, plan, 101.0)
+    assert inv.target_size("workers") == 0
+    assert inv.instances("workers") == [
+        Instance(f"osas://workers/{flying}", InstanceState.DELETING)
+    ]
+
+
+def test_plan_delete_of_created_create_takes_it_out_of_the_target():
+    spec = cluster()
+    inv = inventory(spec)
+    _, unlisted = created(inv)
+    plan = plan_delete(spec, inv, "workers", [fake_node(pid(unlisted))])
+    assert plan.removals == 1
+    apply_delete(inv, plan, 101.0)
+    assert inv.target_size("workers") == 0
+    assert inv.instances("workers") == [Instance(pid(unlisted), InstanceState.DELETING)]
+
+
+def test_plan_delete_already_doomed_create_is_a_repeat():
+    spec = cluster()
+    inv = inventory(spec)
+    flying = submitting(inv)
+    inv.doom_create(flying)
+    plan = plan_delete(spec, inv, "workers", [fake_node(f"osas://workers/{flying}")])
+    assert plan.repeats == 1
+    assert plan.removals == 0
+
+
+def test_plan_delete_recently_removed_ids_are_repeats():
+    spec = cluster()
+    gone, kept = server(), server()
+    inv = inventory(spec, gone, kept)
+    full_sync(inv, kept, now=110.0)
+    cancelled = queued(inv)
+    inv.cancel_create(cancelled, 111.0)
+    forgotten = failed(inv)
+    inv.remove_failure(forgotten, 112.0)
+    plan = plan_delete(
+        spec,
+        inv,
+        "workers",
+        [
+            fake_node(pid(gone)),
+            fake_node(f"osas://workers/{cancelled}"),
+            fake_node(f"osas://workers/{forgotten}"),
+        ],
+    )
+    assert plan.repeats == 3
+    assert plan.removals == 0
+
+
+def test_plan_delete_repeat_after_server_forgotten_on_404():
+    spec = cluster()
+    a = server()
+    inv = inventory(spec, a, server())
+    inv.mark_deleting([a.server_id], 101.0)
+    inv.forget_server(a.server_id, NOW)
+    full_sync(inv, *inv.servers(), now=110.0)
+    plan = plan_delete(spec, inv, "workers", [fake_node(pid(a))])
+    assert plan.repeats == 1
+
+
+def test_plan_delete_repeat_after_doomed_create_failed():
+    spec = cluster()
+    inv = inventory(spec)
+    flying = submitting(inv)
+    placeholder = f"osas://workers/{flying}"
+    assert plan_delete(spec, inv, "workers", [fake_node(placeholder)]).dooms == (flying,)
+    inv.doom_create(flying)
+    inv.create_failed(flying, QUOTA, NOW)
+    plan = plan_delete(spec, inv, "workers", [fake_node(placeholder)])
+    assert plan.repeats == 1
+
+
+def test_doom_of_created_create_survives_the_sync_that_lists_it():
+    spec = cluster()
+    inv = inventory(spec)
+    _, srv = created(inv)
+    apply_delete(inv, plan_delete(spec, inv, "workers", [fake_node(pid(srv))]), 101.0)
+    assert inv.target_size("workers") == 0
+    full_sync(inv, srv, now=110.0)
+    assert inv.target_size("workers") == 0
+    assert inv.instances("workers") == [Instance(pid(srv), InstanceState.DELETING)]
+
+
+# -- template -------------------------------------------------------------------------------------
+
+FLAVOR = Flavor("f-1", "m1.large", vcpus=4, ram_mib=8192, disk_gib=40, ephemeral_gib=10)
+
+
+def test_template_capacity_and_labels():
+    spec = node_group("workers", availability_zone="az-1", max_pods=58)
+    tpl = build_template(cluster(spec), spec, FLAVOR)
+    assert tpl.capacity == {
+        "cpu": "4",
+        "memory": "8192Mi",
+        "ephemeral-storage": "50Gi",
+        "pods": "58",
+    }
+    assert tpl.allocatable == tpl.capacity
+    assert tpl.labels["kubernetes.io/os"] == "linux"
+    assert tpl.labels["kubernetes.io/arch"] == "amd64"
+    assert tpl.labels["node.kubernetes.io/instance-type"] == "m1.large"
+    assert tpl.labels["topology.kubernetes.io/zone"] == "az-1"
+    assert tpl.labels["kubernetes.io/hostname"] == tpl.name
+    assert tpl.name == "prod-workers-template"
+    assert tpl.operating_system == "linux"
+    assert tpl.architecture == "amd64"
+    assert tpl.taints == ()
+    assert "nvidia.com/gpu" not in tpl.capacity
+
+
+def test_template_without_zone_has_no_zone_label():
+    spec = node_group("workers")
+    tpl = build_template(cluster(spec), spec, FLAVOR)
+    assert "topology.kubernetes.io/zone" not in tpl.labels
+    assert tpl.capacity["pods"] == "110"
+
+
+def test_template_gpu_taints_arch_and_group_labels():
+    taint = Taint("nvidia.com/gpu", "present", TaintEffect.NO_SCHEDULE)
+    spec = node_group(
+        "gpu",
+        gpu=GpuSpec(2, "nvidia-a100"),
+        taints=(taint,),
+        architecture="arm64",
+        labels={"pool": "gpu", "node.kubernetes.io/instance-type": "custom"},
+    )
+    tpl = build_template(cluster(spec, gpu_label="example.com/gpu"), spec, FLAVOR)
+    assert tpl.capacity["nvidia.com/gpu"] == "2"
+    assert tpl.allocatable["nvidia.com/gpu"] == "2"
+    assert tpl.labels["example.com/gpu"] == "nvidia-a100"
+    assert tpl.labels["pool"] == "gpu"
+    assert tpl.labels["node.kubernetes.io/instance-type"] == "custom"
+    assert tpl.labels["kubernetes.io/arch"] == "arm64"
+    assert tpl.architecture == "arm64"
+    assert tpl.taints == (taint,)
+
+
+def test_template_custom_gpu_resource():
+    spec = node_group("gpu", gpu=GpuSpec(1, "mi300", resource="amd.com/gpu"))
+    tpl = build_template(cluster(spec), spec, FLAVOR)
+    assert tpl.capacity["amd.com/gpu"] == "1"
+    assert "nvidia.com/gpu" not in tpl.capacity
+    assert tpl.labels["nvidia.com/gpu.product"] == "mi300"
+
+
+def test_template_boot_volume_sets_ephemeral_storage():
+    spec = node_group("workers", boot_volume=BootVolume(100, "ssd"))
+    volume_flavor = Flavor("f-2", "m1.novol", vcpus=2, ram_mib=4096, disk_gib=0)
+    assert (
+        build_template(cluster(spec), spec, volume_flavor).capacity["ephemeral-storage"] == "100Gi"
+    )
+    assert build_template(cluster(spec), spec, FLAVOR).capacity["ephemeral-storage"] == "110Gi"
+
+
+# -- options --------------------------------------------------------------------------------------
+
+DEFAULTS = AutoscalingOptions(
+    scale_down_utilization_threshold=0.5,
+    scale_down_gpu_utilization_threshold=0.5,
+    scale_down_unneeded_time=timedelta(minutes=10),
+    scale_down_unready_time=timedelta(minutes=20),
+    max_node_provision_time=timedelta(minutes=15),
+    zero_or_max_node_scaling=False,
+    ignore_daemonsets_utilization=False,
+)
+
+
+def test_group_options_not_supported_without_overrides():
+    with pytest.raises(NotSupported):
+        group_options(DEFAULTS, OptionOverrides())
+
+
+def test_group_options_applies_overrides_and_echoes_the_rest():
+    overrides = OptionOverrides(
+        scale_down_unneeded_time=timedelta(minutes=20), zero_or_max_node_scaling=True
+    )
+    got = group_options(DEFAULTS, overrides)
+    assert got == AutoscalingOptions(
+        scale_down_utilization_threshold=0.5,
+        scale_down_gpu_utilization_threshold=0.5,
+        scale_down_unneeded_time=timedelta(minutes=20),
+        scale_down_unready_time=timedelta(minutes=20),
+        max_node_provision_time=timedelta(minutes=15),
+        zero_or_max_node_scaling=True,
+        ignore_daemonsets_utilization=False,
+    )
+
+
+def test_group_options_falsy_overrides_count():
+    overrides = OptionOverrides(
+        scale_down_utilization_threshold=0.0, ignore_daemonsets_utilization=False
+    )
+    assert not overrides.is_empty()
+    got = group_options(DEFAULTS, overrides)
+    assert got.scale_down_utilization_threshold == 0.0
+    assert got.scale_down_gpu_utilization_threshold == 0.5
+    assert got.ignore_daemonsets_utilization is False
+
+
+# -- pricing --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("500m", Decimal("0.5")),
+        ("2Gi", Decimal(2 * 2**30)),
+        ("1e3", Decimal(1000)),
+        ("1E3", Decimal(1000)),
+        ("1.5", Decimal("1.5")),
+        (".5", Decimal("0.5")),
+        ("0", Decimal(0)),
+        ("1k", Decimal(1000)),
+        ("1Ki", Decimal(1024)),
+        ("128974848", Decimal(128974848)),
+        ("129M", Decimal(129_000_000)),
+        ("123Mi", Decimal(123 * 2**20)),
+        ("1E", Decimal(10**18)),
+        ("2Ei", Decimal(2 * 2**60)),
+        (" 4 ", Decimal(4)),
+    ],
+)
+def test_parse_quantity(text, value):
+    assert parse_quantity(text) == value
+
+
+@pytest.mark.parametrize(
+    "text", ["", "abc", "Gi", "1.2.3", ".", "5x", "1ki", "1 Gi", "--1", "1e", "0x10", "1,5"]
+)
+def test_parse_quantity_rejects(text):
+    with pytest.raises(InvalidRequest):
+        parse_quantity(text)
+
+
+def test_parse_quantity_rejects_huge_exponent():
+    with pytest.raises(InvalidRequest):
+        parse_quantity("1e999999999")
+
+
+def test_effective_requests_sum_of_containers_vs_init_max_plus_overhead():
+    got = effective_requests(
+        containers=[{"cpu": "500m", "memory": "1Gi"}, {"cpu": "250m"}],
+        init_containers=[{"cpu": "1", "memory": "512Mi"}, {"nvidia.com/gpu": "1"}],
+        overhead={"cpu": "100m", "memory": "64Mi"},
+    )
+    assert got == {
+        "cpu": Decimal("1.1"),
+        "memory": Decimal(2**30 + 64 * 2**20),
+        "nvidia.com/gpu": Decimal(1),
+    }
+
+
+def test_effective_requests_containers_win_over_smaller_init():
+    got = effective_requests([{"cpu": "2"}, {"cpu": "2"}], [{"cpu": "3"}])
+    assert got == {"cpu": Decimal(4)}
+    assert effective_requests([]) == {}
+    with pytest.raises(InvalidRequest):
+        effective_requests([{"cpu": "lots"}])
+
+
+PRICING = Pricing(cpu_per_hour=0.02, memory_gib_per_hour=0.01, gpu_per_hour=1.0)
+
+
+def test_node_price_per_hour_wins():
+    spec = node_group("workers", price_per_hour=0.5)
+    assert node_price(spec, FLAVOR, PRICING, 0.0, 7200.0) == pytest.approx(1.0)
+    assert node_price(spec, None, None, 0.0, 1800.0) == pytest.approx(0.25)
+
+
+def test_node_price_from_table():
+    spec = node_group("gpu", gpu=GpuSpec(1, "a100"))
+    # 4 cpu * 0.02 + 8 GiB * 0.01 + 1 gpu * 1.0 = 1.16 per hour, for half an hour.
+    assert node_price(spec, FLAVOR, PRICING, 1000.0, 2800.0) == pytest.approx(0.58)
+    assert node_price(node_group(), FLAVOR, PRICING, 0.0, 3600.0) == pytest.approx(0.16)
+
+
+def test_node_price_not_supported_without_a_price():
+    with pytest.raises(NotSupported):
+        node_price(node_group(), FLAVOR, None, 0.0, 3600.0)
+    with pytest.raises(NotSupported):
+        node_price(node_group(), None, PRICING, 0.0, 3600.0)
+
+
+def test_prices_refuse_backwards_periods():
+    with pytest.raises(InvalidRequest):
+        node_price(node_group(price_per_hour=1.0), FLAVOR, PRICING, 10.0, 5.0)
+    with pytest.raises(InvalidRequest):
+        pod_price(PRICING, {"cpu": Decimal(1)}, "nvidia.com/gpu", 10.0, 5.0)
+
+
+def test_pod_price():
+    requests = {
+        "cpu": Decimal(2),
+        "memory": Decimal(4 * 2**30),
+        "nvidia.com/gpu": Decimal(1),
+        "amd.com/gpu": Decimal(5),
+    }
+    # 2 * 0.02 + 4 * 0.01 + 1 * 1.0 = 1.08 per hour; unpriced resources cost nothing.
+    assert pod_price(PRICING, requests, "nvidia.com/gpu", 0.0, 3600.0) == pytest.approx(1.08)
+    assert pod_price(PRICING, requests, "amd.com/gpu", 0.0, 1800.0) == pytest.approx(2.54)
+    assert pod_price(PRICING, {}, "nvidia.com/gpu", 0.0, 3600.0) == 0.0
+
+
+def test_pod_price_not_supported_without_table():
+    with pytest.raises(NotSupported):
+        pod_price(None, {"cpu": Decimal(1)}, "nvidia.com/gpu", 0.0, 3600.0)

@@ -1,0 +1,244 @@
+"""The engine against the in-memory cloud: idempotent creates, restarts, syncs and faults."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from support import CLUSTER, Provider, eventually, make_config, provider_id, running
+
+from osas.cloud.errors import CloudUnavailable
+from osas.cloud.fake import FakeCloud, FakeNova
+from osas.domain.errors import NotReady
+from osas.domain.inventory import InstanceState
+from osas.domain.servers import META_CLUSTER, META_GROUP, TAG_CLUSTER_PREFIX
+
+TAG = f"{TAG_CLUSTER_PREFIX}{CLUSTER}"
+
+
+def ours(nova: FakeNova, group: str = "workers", name: str = "n") -> str:
+    server = nova.seed(name=name, metadata={META_CLUSTER: CLUSTER, META_GROUP: group}, tags=[TAG])
+    return server.server_id
+
+
+async def test_lost_create_answer_does_not_duplicate(tmp_path):
+    nova = FakeNova()
+    nova.faults.lost_create_responses = 2  # Nova made the server, the answer never arrived
+    async with running(make_config(tmp_path), FakeCloud(nova)) as provider:
+        controller = provider.app.controller
+        controller.increase_size("workers", 2)
+        await eventually(lambda: not provider.app.queue.in_hand_count(), what="creates done")
+        await provider.sync()
+        assert len(nova.live_servers()) == 2
+        assert nova.calls["servers.create"] == 2  # looked up by request tag, never re-sent
+        assert controller.target_size("workers") == 2
+        assert not provider.app.inventory.failures_of("workers")
+
+
+async def test_restart_mid_scale_up_loses_nothing_and_duplicates_nothing(tmp_path):
+    nova = FakeNova()
+    nova.faults.latency = 0.2
+    config = make_config(tmp_path, queue={"capacity": 50, "workers": 1})
+    first = Provider(config, FakeCloud(nova))
+    await first.start()
+    first.app.controller.increase_size("workers", 4)
+    await eventually(lambda: len(nova.live_servers()) == 2, what="two of four created")
+    await first.stop()  # killed mid scale-up: queued creates are dropped, never half-made
+    made = {s.server_id for s in nova.live_servers()}
+    assert 2 <= len(made) <= 3  # an in-flight create may complete during the shutdown
+
+    nova.faults.latency = 0.0
+    async with running(config, FakeCloud(nova)) as second:
+        controller = second.app.controller
+        assert controller.target_size("workers") == len(made)
+        ids = {i.instance_id for i in controller.nodes("workers")}
+        assert ids == {provider_id(s) for s in made}
+        # CA sees the target short of what it asked and asks again: the rest is created once.
+        controller.increase_size("workers", 4 - len(made))
+        await eventually(lambda: len(nova.live_servers()) == 4, what="four servers")
+        await second.sync()
+        assert controller.target_size("workers") == 4
+        assert len({s.name for s in nova.live_servers()}) == 4
+
+
+async def test_incremental_sync_sees_changes_and_our_deletions(tmp_path):
+    nova = FakeNova()
+    kept = ours(nova, name="kept")
+    async with running(make_config(tmp_path), FakeCloud(nova)) as provider:
+        app = provider.app
+        added = ours(nova, name="added")
+        calls_before = nova.calls["servers.list"]
+        await provider.sync(full=False)
+        assert nova.calls["servers.list"] == calls_before + 1
+        assert app.inventory.server(added) is not None
+        nova.activate()
+        app.controller.delete_nodes("workers", [("kept", provider_id(kept))])
+        await eventually(
+            lambda: app.inventory.server(kept) is not None and not nova.get_server(kept)
+        )
+        await provider.sync(full=False)
+        # Tag filters hide deleted servers; osas asks for the ones it deletes by id.
+        assert app.inventory.server(kept) is None
+        assert app.inventory.deleting_ids() == []
+        assert app.controller.target_size("workers") == 1
+
+
+async def test_servers_deleted_behind_our_back_vanish_at_full_resync(tmp_path):
+    nova = FakeNova()
+    gone = ours(nova, name="gone")
+    ours(nova, name="stays")
+    async with running(make_config(tmp_path), FakeCloud(nova)) as provider:
+        nova.delete_server(gone)
+        await provider.sync(full=False)
+        assert provider.app.inventory.server(gone) is not None  # invisible to changes-since
+        await provider.sync(full=True)
+        assert provider.app.inventory.server(gone) is None
+        assert provider.app.controller.target_size("workers") == 1
+
+
+async def test_foreign_servers_are_never_reported_or_deleted(tmp_path):
+    nova = FakeNova()
+    look_alikes = [
+        nova.seed(name=f"{CLUSTER}-workers-x", tags=[TAG]),  # tag, no metadata
+        nova.seed(name=f"{CLUSTER}-workers-y", metadata={META_CLUSTER: CLUSTER}, tags=[TAG]),
+        nova.seed(
+            name=f"{CLUSTER}-workers-z", metadata={META_CLUSTER: CLUSTER, META_GROUP: "workers"}
+        ),  # metadata, no tag
+        nova.seed(
+            name=f"{CLUSTER}-workers-w",
+            metadata={META_CLUSTER: "prod", META_GROUP: "workers"},
+            tags=[TAG],
+        ),  # our tag, another cluster's metadata
+    ]
+    async with running(make_config(tmp_path), FakeCloud(nova)) as provider:
+        controller = provider.app.controller
+        assert controller.target_size("workers") == 0
+        assert controller.nodes("workers") == []
+        for server in look_alikes:
+            assert (
+                controller.node_group_for_node(server.name, provider_id(server.server_id)) is None
+            )
+            assert controller.node_group_for_node(server.name, "") is None
+    assert len(nova.live_servers()) == len(look_alikes)
+    assert nova.calls["servers.delete"] == 0
+
+
+async def test_delete_refused_when_marks_changed_since_the_sync(tmp_path):
+    nova = FakeNova()
+    server_id = ours(nova, name="a")
+    ours(nova, name="b")
+    async with running(make_config(tmp_path), FakeCloud(nova)) as provider:
+        nova.get_server(server_id).metadata[META_CLUSTER] = "someone-else"
+        provider.app.controller.delete_nodes("workers", [("a", provider_id(server_id))])
+        await eventually(lambda: not provider.app.queue.in_hand_count(), what="delete handled")
+        assert nova.get_server(server_id) is not None
+        assert nova.calls["servers.delete"] == 0
+
+
+async def test_failed_sync_keeps_inventory_and_refresh_fails_when_stale(tmp_path):
+    nova = FakeNova()
+    ours(nova)
+    reconcile = {
+        "interval": "1h",
+        "full_resync_interval": "1h",
+        "max_inventory_age": "2h",
+        "retry_backoff": 0.01,
+    }
+    async with running(make_config(tmp_path, reconcile=reconcile), FakeCloud(nova)) as provider:
+        app = provider.app
+        nova.faults.error_rate = 1.0
+        with pytest.raises(Exception, match="503"):
+            await provider.sync()
+        assert app.controller.target_size("workers") == 1  # last good state still served
+        app.controller.refresh()  # young enough: CA carries on
+        app.inventory._synced_at -= 3 * 3600  # three hours without a good sync
+        with pytest.raises(NotReady, match="old"):
+            app.controller.refresh()
+        nova.faults.error_rate = 0.0
+        await provider.sync()
+        app.controller.refresh()
+
+
+async def sync_despite_faults(provider: Provider) -> None:
+    for _ in range(50):
+        try:
+            await provider.sync()
+        except CloudUnavailable:
+            continue
+        return
+    msg = "no sync got through"
+    raise AssertionError(msg)
+
+
+async def test_faulty_cloud_scale_up_then_down_converges(tmp_path):
+    nova = FakeNova()
+    nova.faults.error_rate = 0.3
+    nova.faults.latency = 0.005
+    cloud = FakeCloud(nova, seed=7)
+    reconcile = {
+        "interval": "1h",
+        "full_resync_interval": "1h",
+        "max_inventory_age": "2h",
+        "retry_backoff": 0.01,
+        "delete_retry_after": 0.05,
+    }
+    config = make_config(tmp_path, queue={"capacity": 100, "workers": 4}, reconcile=reconcile)
+    async with running(config, cloud) as provider:
+        app = provider.app
+        for _ in range(3):
+            app.controller.increase_size("workers", 3)
+        await eventually(lambda: not app.queue.in_hand_count(), what="creates settled")
+        # Creates that failed after their retries are reported as failed; CA deletes those.
+        failed = [i for i in app.controller.nodes("workers") if i.error is not None]
+        if failed:
+            app.controller.delete_nodes("workers", [(i.instance_id, i.instance_id) for i in failed])
+        await sync_despite_faults(provider)
+        live = {s.server_id for s in nova.live_servers()}
+        assert app.controller.target_size("workers") == len(live)
+        assert len({s.name for s in nova.live_servers()}) == len(live)  # no duplicate
+        running_ids = [
+            i.instance_id
+            for i in app.controller.nodes("workers")
+            if i.state != InstanceState.DELETING
+        ]
+        app.controller.delete_nodes("workers", [("n", pid) for pid in running_ids[1:]])
+        assert app.controller.target_size("workers") == 1
+        # Deletes that failed for good are sent again by the syncs that still see the server.
+        for _ in range(200):
+            if len(nova.live_servers()) == 1:
+                break
+            await sync_despite_faults(provider)
+            await asyncio.sleep(0.05)
+        assert len(nova.live_servers()) == 1
+        nova.faults.error_rate = 0.0
+        await provider.sync()
+        assert app.controller.target_size("workers") == 1
+        assert app.inventory.deleting_ids() == []
+
+
+async def test_failed_delete_is_sent_again_by_the_reconciler(tmp_path):
+    nova = FakeNova()
+    doomed = ours(nova, name="doomed")
+    ours(nova, name="kept")
+    reconcile = {
+        "interval": "1h",
+        "full_resync_interval": "1h",
+        "max_inventory_age": "2h",
+        "retry_backoff": 0.01,
+        "delete_retry_after": 0.01,
+    }
+    config = make_config(tmp_path, reconcile=reconcile)
+    async with running(config, FakeCloud(nova)) as provider:
+        app = provider.app
+        nova.faults.error_rate = 1.0  # every attempt of the delete fails
+        app.controller.delete_nodes("workers", [("doomed", provider_id(doomed))])
+        await eventually(lambda: not app.queue.in_hand_count(), what="delete given up")
+        assert nova.get_server(doomed) is not None
+        assert app.controller.target_size("workers") == 1  # still counted as going
+        nova.faults.error_rate = 0.0
+        await asyncio.sleep(0.02)
+        await provider.sync()  # sees the server still there, long after it was marked
+        await eventually(lambda: nova.get_server(doomed) is None, what="delete sent again")
+        await provider.sync()
+        assert app.inventory.deleting_ids() == []
+        assert app.controller.target_size("workers") == 1
