@@ -6,6 +6,7 @@ import grpc
 import pytest
 import trustme
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from support import Provider, ca_client, expect_status, make_certs, make_config, running
 
 from osas.cloud.fake import FakeCloud, FakeNova
@@ -139,3 +140,17 @@ async def test_health_goes_not_serving_on_shutdown(tmp_path):
             assert (await watch.read()).status == SERVING
             provider.app.stop()
             assert (await watch.read()).status == NOT_SERVING
+
+
+async def test_reflection_lists_the_provider_service(tmp_path):
+    async with (
+        running(make_config(tmp_path)) as provider,
+        grpc.aio.insecure_channel(provider.address) as channel,
+    ):
+        call = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo()
+        await call.write(reflection_pb2.ServerReflectionRequest(list_services=""))
+        response = await call.read()
+        await call.done_writing()
+    names = {s.name for s in response.list_services_response.service}
+    assert "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider" in names
+    assert "grpc.health.v1.Health" in names
