@@ -15,10 +15,11 @@ from typing import Literal
 import anyio
 import structlog
 
-from osas.cloud.errors import CloudError
+from osas.cloud.errors import CloudConfigurationError, CloudError
 from osas.cloud.fake import FakeCloud, FakeNova
+from osas.cloud.openstack import OpenStackCloud
 from osas.cloud.port import Cloud
-from osas.config import ConfigError, OsasConfig
+from osas.config import OsasConfig
 from osas.domain.inventory import Inventory
 from osas.engine.controller import Controller
 from osas.engine.queue import TaskQueue
@@ -72,10 +73,7 @@ def configure_logging(level: str = "info", fmt: LogFormat = "json") -> None:
 def build_cloud(config: OsasConfig) -> Cloud:
     if config.cloud_backend == "fake":
         return FakeCloud(FakeNova(build_seconds=_FAKE_BUILD_SECONDS))
-    raise ConfigError(
-        "cloud_backend 'openstack' is not available in this version yet; "
-        "use cloud_backend: fake to run against the in-memory cloud"
-    )
+    return OpenStackCloud(config.openstack_settings())
 
 
 async def _guarded(name: str, run: Callable[[], Awaitable[None]]) -> None:
@@ -113,10 +111,16 @@ class App:
         self._stop.set()
 
     async def _first_sync(self) -> None:
+        """Check the cloud and list it; retried until OpenStack answers. A cloud that cannot be
+        used as configured (credentials, microversion) stops the process instead."""
         delay = self.settings.retry_backoff
         while True:
             try:
+                described = await self.cloud.verify()
+                logger.info("cloud ready", cloud=described)
                 report = await self.reconciler.reconcile_once(full=True)
+            except CloudConfigurationError:
+                raise
             except CloudError as exc:
                 logger.warning("first sync failed; retrying", error=str(exc), retry_in=delay)
                 await anyio.sleep(delay)
@@ -135,7 +139,10 @@ class App:
                 await self._stop.wait()
                 await self._shutdown(background)
         finally:
-            await self.cloud.close()
+            # Also when cancelled: release the ports and connections, whatever happened.
+            with anyio.CancelScope(shield=True):
+                await self.server.close()
+                await self.cloud.close()
 
     async def _start_serving(self, background: anyio.abc.TaskGroup) -> None:
         await self._first_sync()

@@ -14,11 +14,16 @@ import structlog
 
 from osas import __version__
 from osas.app import App, build_cloud, configure_logging
-from osas.config import CONFIG_ENV, ConfigError, load_config
+from osas.check import check_cloud
+from osas.cloud.errors import CloudConfigurationError
+from osas.config import CONFIG_ENV, ConfigError, OsasConfig, load_config
+from osas.demo.session import main as run_demo
+from osas.sim import run_sim
 
 logger = structlog.get_logger(__name__)
 
 EXIT_CONFIG = 2
+EXIT_CLOUD = 3
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,11 +42,25 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
     serve.add_argument("--log-format", default="json", choices=["json", "console"])
+    check = commands.add_parser(
+        "check-config", help="validate the configuration and resolve its names in the cloud"
+    )
+    check.add_argument("--config", type=Path, default=os.environ.get(CONFIG_ENV))
+    sim = commands.add_parser("sim", help="serve a simulated OpenStack on 127.0.0.1")
+    sim.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    sim.add_argument(
+        "--clouds-yaml", type=Path, help="write a clouds.yaml with an 'osas-sim' entry here"
+    )
+    sim.add_argument(
+        "--build-seconds", type=float, default=3.0, help="how long servers stay in BUILD"
+    )
     commands.add_parser("demo", help="a Cluster Autoscaler session against a simulated cloud")
     return parser
 
 
-async def _serve(app: App) -> None:
+async def _serve(config: OsasConfig) -> None:
+    # Built inside the event loop: grpc.aio binds its servers to the running loop.
+    app = App(config, build_cloud(config))
     async with anyio.create_task_group() as group:
         group.start_soon(app.run)
 
@@ -57,19 +76,46 @@ async def _serve(app: App) -> None:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, args.log_format)
-    if args.config is None:
-        sys.stderr.write(f"osas serve: give --config FILE or set {CONFIG_ENV}\n")
+    config = _load(args.config, "serve")
+    if config is None:
         return EXIT_CONFIG
+    status = 0
     try:
-        config = load_config(args.config)
-        app = App(config, build_cloud(config))
+        anyio.run(_serve, config)
+    except* CloudConfigurationError as refused:
+        for reason in refused.exceptions:
+            sys.stderr.write(f"osas: the cloud cannot be used as configured: {reason}\n")
+        status = EXIT_CLOUD
+    except* OSError as failed:
+        for error in failed.exceptions:
+            sys.stderr.write(f"osas: cannot start: {error}\n")
+        status = EXIT_CONFIG
+    return status
+
+
+def _load(path: Path | None, command: str) -> OsasConfig | None:
+    if path is None:
+        sys.stderr.write(f"osas {command}: give --config FILE or set {CONFIG_ENV}\n")
+        return None
+    try:
+        return load_config(path)
     except ConfigError as exc:
         sys.stderr.write(f"osas: configuration error:\n{exc}\n")
+        return None
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    configure_logging("warning", "console")
+    config = _load(args.config, "check-config")
+    if config is None:
         return EXIT_CONFIG
-    except OSError as exc:
-        sys.stderr.write(f"osas: cannot start: {exc}\n")
-        return EXIT_CONFIG
-    anyio.run(_serve, app)
+    cloud = build_cloud(config)
+    return anyio.run(check_cloud, config, cloud, sys.stdout)
+
+
+def _cmd_sim(args: argparse.Namespace) -> int:
+    configure_logging("info", "console")
+    run_sim(args.port, args.clouds_yaml, args.build_seconds)
     return 0
 
 
@@ -77,12 +123,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "serve":
         return _cmd_serve(args)
-    sys.stdout.write(
-        "osas demo: coming soon. It needs the simulated OpenStack, which arrives with the\n"
-        "OpenStack adapter. Meanwhile `osas serve` runs against the in-memory cloud\n"
-        "(cloud_backend: fake); see README.md.\n"
-    )
-    return 0
+    if args.command == "check-config":
+        return _cmd_check(args)
+    if args.command == "sim":
+        return _cmd_sim(args)
+    # The demo narrates on stdout; expected refusals (the quota step) need no log lines.
+    configure_logging("error", "console")
+    return run_demo()
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from osas.cloud.openstack_settings import OpenStackAuth as CloudAuth
+from osas.cloud.openstack_settings import OpenStackSettings
 from osas.domain.ids import NAME_MAX_LENGTH, NAME_PATTERN, ProviderIdFormat
 from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST
 from osas.domain.specs import (
@@ -98,6 +100,10 @@ class TlsConfig(_Strict):
     client_ca_file: Path
 
 
+def _reveal(secret: SecretStr | None) -> str | None:
+    return None if secret is None else secret.get_secret_value()
+
+
 class OpenStackAuth(_Strict):
     """An ``auth`` block as openstacksdk takes it (password or application credential)."""
 
@@ -111,6 +117,15 @@ class OpenStackAuth(_Strict):
     application_credential_id: str | None = None
     application_credential_secret: SecretStr | None = None
 
+    @model_validator(mode="after")
+    def _one_method(self) -> Self:
+        if self.application_credential_id:
+            if not self.application_credential_secret:
+                raise ValueError("application_credential_id needs application_credential_secret")
+        elif not (self.username and self.password):
+            raise ValueError("give username and password, or an application credential")
+        return self
+
 
 class OpenStackConfig(_Strict):
     cloud: str | None = None  # an entry of clouds.yaml
@@ -120,6 +135,39 @@ class OpenStackConfig(_Strict):
     verify: bool = True
     cacert: Path | None = None
     api_timeout: Duration = timedelta(seconds=30)
+    concurrency: int = Field(4, ge=1, le=32)
+    rate_limit: float = Field(20.0, gt=0, le=1000, description="calls per second")
+    attempts: int = Field(4, ge=1, le=10)
+
+    def settings(self, backoff: timedelta) -> OpenStackSettings:
+        auth = self.auth
+        return OpenStackSettings(
+            cloud=self.cloud,
+            auth=(
+                CloudAuth(
+                    auth_url=auth.auth_url,
+                    username=auth.username,
+                    password=_reveal(auth.password),
+                    user_domain_name=auth.user_domain_name,
+                    project_name=auth.project_name,
+                    project_id=auth.project_id,
+                    project_domain_name=auth.project_domain_name,
+                    application_credential_id=auth.application_credential_id,
+                    application_credential_secret=_reveal(auth.application_credential_secret),
+                )
+                if auth
+                else None
+            ),
+            region_name=self.region_name,
+            interface=self.interface,
+            verify=self.verify,
+            cacert=self.cacert,
+            api_timeout=self.api_timeout.total_seconds(),
+            concurrency=self.concurrency,
+            rate_limit=self.rate_limit,
+            attempts=self.attempts,
+            backoff=backoff.total_seconds(),
+        )
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:
@@ -342,6 +390,9 @@ class OsasConfig(BaseSettings):
             retry_backoff=self.reconcile.retry_backoff.total_seconds(),
             delete_retry_after=self.reconcile.delete_retry_after.total_seconds(),
         )
+
+    def openstack_settings(self) -> OpenStackSettings:
+        return self.openstack.settings(self.reconcile.retry_backoff)
 
     def server_settings(self) -> ServerSettings:
         tls = self.tls

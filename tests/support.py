@@ -17,13 +17,16 @@ import yaml
 
 from osas.app import App
 from osas.cloud.fake import FakeCloud, FakeNova
+from osas.cloud.openstack_settings import OpenStackAuth, OpenStackSettings
+from osas.cloud.port import Cloud
 from osas.config import OsasConfig, load_config
+from osas.demo.client import CaClient, ClientTls, connect
+from osas.domain.servers import META_CLUSTER, META_GROUP, TAG_CLUSTER_PREFIX
 from osas.protocol import externalgrpc_pb2 as pb
-from osas.protocol import externalgrpc_pb2_grpc as pb_grpc
+from osas.sim import SimulatedOpenStack
 
 CLUSTER = "testc"
-# CA's default per-call timeout.
-CA_TIMEOUT = 5.0
+TAG = f"{TAG_CLUSTER_PREFIX}{CLUSTER}"
 
 
 def config_data(**overrides: Any) -> dict[str, Any]:
@@ -114,10 +117,9 @@ def make_certs(tmp_path: Path) -> Certs:
 class Provider:
     """An osas App running in the test's event loop, served on 127.0.0.1."""
 
-    def __init__(self, config: OsasConfig, cloud: FakeCloud) -> None:
+    def __init__(self, config: OsasConfig, cloud: Cloud) -> None:
         self.config = config
         self.cloud = cloud
-        self.nova: FakeNova = cloud.nova
         self.app = App(config, cloud)
         self._task: asyncio.Task[None] | None = None
 
@@ -144,6 +146,12 @@ class Provider:
                 await self._task
 
     @property
+    def nova(self) -> FakeNova:
+        """The model behind the in-memory cloud (for providers built on FakeCloud)."""
+        assert isinstance(self.cloud, FakeCloud)
+        return self.cloud.nova
+
+    @property
     def address(self) -> str:
         return f"127.0.0.1:{self.app.server.port}"
 
@@ -161,80 +169,13 @@ async def running(config: OsasConfig, cloud: FakeCloud | None = None) -> AsyncIt
         await provider.stop()
 
 
-class CaClient:
-    """Calls the provider the way cluster-autoscaler's externalgrpc client does."""
-
-    def __init__(self, channel: grpc.aio.Channel) -> None:
-        self.channel = channel
-        self.stub = pb_grpc.CloudProviderStub(channel)
-
-    async def refresh(self) -> None:
-        await self.stub.Refresh(pb.RefreshRequest(), timeout=CA_TIMEOUT)
-
-    async def node_groups(self) -> list[pb.NodeGroup]:
-        response = await self.stub.NodeGroups(pb.NodeGroupsRequest(), timeout=CA_TIMEOUT)
-        return list(response.nodeGroups)
-
-    async def group_for_node(self, name: str, provider_id: str) -> pb.NodeGroup:
-        request = pb.NodeGroupForNodeRequest(
-            node=pb.ExternalGrpcNode(name=name, providerID=provider_id)
-        )
-        response = await self.stub.NodeGroupForNode(request, timeout=CA_TIMEOUT)
-        return response.nodeGroup
-
-    async def target_size(self, group: str) -> int:
-        request = pb.NodeGroupTargetSizeRequest(id=group)
-        response = await self.stub.NodeGroupTargetSize(request, timeout=CA_TIMEOUT)
-        return response.targetSize
-
-    async def increase(self, group: str, delta: int) -> None:
-        request = pb.NodeGroupIncreaseSizeRequest(id=group, delta=delta)
-        await self.stub.NodeGroupIncreaseSize(request, timeout=CA_TIMEOUT)
-
-    async def decrease(self, group: str, delta: int) -> None:
-        request = pb.NodeGroupDecreaseTargetSizeRequest(id=group, delta=delta)
-        await self.stub.NodeGroupDecreaseTargetSize(request, timeout=CA_TIMEOUT)
-
-    async def delete(self, group: str, nodes: list[tuple[str, str]]) -> None:
-        request = pb.NodeGroupDeleteNodesRequest(
-            id=group,
-            nodes=[pb.ExternalGrpcNode(name=name, providerID=pid) for name, pid in nodes],
-        )
-        await self.stub.NodeGroupDeleteNodes(request, timeout=CA_TIMEOUT)
-
-    async def nodes(self, group: str) -> list[pb.Instance]:
-        request = pb.NodeGroupNodesRequest(id=group)
-        response = await self.stub.NodeGroupNodes(request, timeout=CA_TIMEOUT)
-        return list(response.instances)
-
-    async def template(self, group: str) -> pb.NodeGroupTemplateNodeInfoResponse:
-        request = pb.NodeGroupTemplateNodeInfoRequest(id=group)
-        return await self.stub.NodeGroupTemplateNodeInfo(request, timeout=CA_TIMEOUT)
-
-    async def options(
-        self, group: str, defaults: pb.NodeGroupAutoscalingOptions
-    ) -> pb.NodeGroupAutoscalingOptions:
-        request = pb.NodeGroupAutoscalingOptionsRequest(id=group, defaults=defaults)
-        response = await self.stub.NodeGroupGetOptions(request, timeout=CA_TIMEOUT)
-        return response.nodeGroupAutoscalingOptions
-
-
 @contextlib.asynccontextmanager
-async def ca_client(
-    address: str, certs: Certs | None = None, *, server_name: str | None = None
-) -> AsyncIterator[CaClient]:
-    if certs is None:
-        channel = grpc.aio.insecure_channel(address)
-    else:
-        credentials = grpc.ssl_channel_credentials(
-            root_certificates=certs.ca_pem,
-            private_key=certs.client_key_pem,
-            certificate_chain=certs.client_cert_pem,
-        )
-        options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
-        channel = grpc.aio.secure_channel(address, credentials, options=options)
-    async with channel:
-        yield CaClient(channel)
+async def ca_client(address: str, certs: Certs | None = None) -> AsyncIterator[CaClient]:
+    tls = None
+    if certs is not None:
+        tls = ClientTls(certs.ca_pem, certs.client_cert_pem, certs.client_key_pem)
+    async with connect(address, tls) as client:
+        yield client
 
 
 async def eventually(
@@ -264,3 +205,37 @@ def provider_id(server_id: str) -> str:
 
 def states(instances: list[pb.Instance]) -> dict[str, int]:
     return {i.id: i.status.instanceState for i in instances}
+
+
+def settings_for(sim: SimulatedOpenStack, **overrides: Any) -> OpenStackSettings:
+    """Settings that reach ``sim`` with its default user, and retry fast."""
+    entry = sim.clouds_yaml_entry()
+    auth = entry["auth"]
+    values = {
+        "auth": OpenStackAuth(
+            auth_url=auth["auth_url"],
+            username=auth["username"],
+            password=auth["password"],
+            project_name=auth["project_name"],
+            user_domain_name=auth["user_domain_name"],
+            project_domain_name=auth["project_domain_name"],
+        ),
+        "region_name": entry["region_name"],
+        "backoff": 0.01,
+        "backoff_max": 0.05,
+        "rate_limit": 1000.0,
+    }
+    values.update(overrides)
+    return OpenStackSettings(**values)
+
+
+def seed_ours(nova: FakeNova, count: int, group: str = "workers") -> list[str]:
+    """Servers of this cluster made by an earlier osas."""
+    return [
+        nova.seed(
+            name=f"{CLUSTER}-{group}-{index}",
+            metadata={META_CLUSTER: CLUSTER, META_GROUP: group},
+            tags=[TAG],
+        ).server_id
+        for index in range(count)
+    ]

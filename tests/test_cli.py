@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
 
 import grpc
+import openstack
+import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support import config_data, write_config
 
 from osas import __version__
+from osas.cloud.fake import FakeNova
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.protocol import externalgrpc_pb2_grpc as pb_grpc
+from osas.sim import SimulatedOpenStack
 
 
 def test_version():
@@ -88,3 +93,76 @@ def test_serve_refuses_a_bad_config_without_starting(tmp_path):
     assert str(config) in result.stderr
     assert "cluster_name" in result.stderr
     assert "grpc listening" not in result.stderr
+
+
+def test_demo_runs_to_completion():
+    result = subprocess.run(
+        [sys.executable, "-m", "osas", "demo"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    for step in range(1, 8):
+        assert f"[{step}/7]" in out
+    assert "errorCode=QuotaExceeded class=1" in out
+    assert "servers left in Nova: 1" in out
+    assert "address: osas.kube-system.svc:8086" in out
+
+
+def test_check_config_finds_a_missing_flavor_and_network(tmp_path):
+    with SimulatedOpenStack(FakeNova()) as sim:
+        clouds = tmp_path / "clouds.yaml"
+        sim.write_clouds_yaml(clouds, "osas-sim")
+        group = config_data()["node_groups"][0]
+        broken = {**group, "id": "broken", "flavor": "m9.huge", "networks": ["no-such-net"]}
+        data = config_data(
+            cloud_backend="openstack",
+            openstack={"cloud": "osas-sim"},
+            node_groups=[{**group, "key_name": "ops", "security_groups": ["default"]}, broken],
+        )
+        config = write_config(tmp_path, data)
+        env = {**os.environ, "OS_CLIENT_CONFIG_FILE": str(clouds)}
+        result = subprocess.run(
+            [sys.executable, "-m", "osas", "check-config", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            check=False,
+        )
+    assert result.returncode == 1, result.stdout + result.stderr
+    rows = [line.split() for line in result.stdout.splitlines()]
+    assert ["broken", "flavor", "m9.huge", "NOT", "FOUND"] in rows
+    assert ["broken", "network", "no-such-net", "NOT", "FOUND"] in rows
+    assert any(row[:3] == ["workers", "flavor", "m1.medium"] and row[3] == "ok" for row in rows)
+    assert any(row[:3] == ["workers", "keypair", "ops"] and row[3] == "ok" for row in rows)
+    assert "2 problem(s)" in result.stdout
+
+
+def test_sim_command_serves_and_writes_clouds_yaml(tmp_path, monkeypatch):
+    clouds = tmp_path / "clouds.yaml"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "osas", "sim", "--port", "0", "--clouds-yaml", str(clouds)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert "http://127.0.0.1:" in line
+        auth_url = line.split()[-1]
+        entry = yaml.safe_load(clouds.read_text())["clouds"]["osas-sim"]
+        assert entry["auth"]["auth_url"] == auth_url
+        monkeypatch.setenv("OS_CLIENT_CONFIG_FILE", str(clouds))
+        conn = openstack.connect(cloud="osas-sim")
+        assert any(f.name == "m1.small" for f in conn.compute.flavors())
+        conn.close()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=20)
+        assert process.stdout is not None
+        process.stdout.close()

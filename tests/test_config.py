@@ -466,10 +466,38 @@ def test_queue_bounds(tmp_path, queue, where, reason):
 
 
 def test_openstack_cloud_and_auth_together(tmp_path):
-    data = config_data(
-        openstack={"cloud": "prod", "auth": {"auth_url": "https://keystone:5000/v3"}}
-    )
+    auth = {"auth_url": "https://keystone:5000/v3", "username": "u", "password": "p"}
+    data = config_data(openstack={"cloud": "prod", "auth": auth})
     expect_problem(tmp_path, data, "openstack", "either 'cloud'", "'auth', not both")
+
+
+@pytest.mark.parametrize(
+    ("auth", "reason"),
+    [
+        ({"username": "osas"}, "give username and password, or an application credential"),
+        ({"password": "p"}, "give username and password, or an application credential"),
+        ({"application_credential_id": "x"}, "needs application_credential_secret"),
+    ],
+)
+def test_openstack_auth_needs_one_complete_method(tmp_path, auth, reason):
+    data = config_data(openstack={"auth": {"auth_url": "https://keystone:5000/v3", **auth}})
+    expect_problem(tmp_path, data, "openstack.auth", reason)
+
+
+def test_openstack_settings_carry_the_secrets_but_never_show_them(tmp_path):
+    auth = {
+        "auth_url": "https://keystone:5000/v3",
+        "application_credential_id": "cred-id",
+        "application_credential_secret": "s3cr3t-app-cred",
+    }
+    config = load(tmp_path, config_data(openstack={"auth": auth, "region_name": "RegionTwo"}))
+    settings = config.openstack_settings()
+    assert settings.auth is not None
+    assert settings.auth.auth_type == "v3applicationcredential"
+    assert settings.auth.as_sdk_auth()["application_credential_secret"] == "s3cr3t-app-cred"
+    assert settings.region_name == "RegionTwo"
+    assert "s3cr3t-app-cred" not in repr(settings)
+    assert "s3cr3t-app-cred" not in repr(config)
 
 
 @pytest.mark.parametrize(
@@ -714,10 +742,16 @@ def test_server_settings_tls(tmp_path):
 # --- secrets ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("key", ["password", "application_credential_secret"])
-def test_openstack_secrets_are_hidden(tmp_path, key):
+@pytest.mark.parametrize(
+    ("key", "other"),
+    [
+        ("password", {"username": "osas"}),
+        ("application_credential_secret", {"application_credential_id": "cred"}),
+    ],
+)
+def test_openstack_secrets_are_hidden(tmp_path, key, other):
     secret = "hunter2-very-secret"
-    auth = {"auth_url": "https://keystone:5000/v3", "username": "osas", key: secret}
+    auth = {"auth_url": "https://keystone:5000/v3", key: secret, **other}
     config = load(tmp_path, config_data(openstack={"auth": auth}))
     stored = getattr(config.openstack.auth, key)
     assert stored.get_secret_value() == secret

@@ -8,20 +8,30 @@ the demo run against; the simulated OpenStack serves the same model over HTTP.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import random
+import re
+import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from typing import Concatenate, ParamSpec, TypeVar
 
 import anyio
 
 from osas.cloud.errors import CloudUnavailable, QuotaExceeded, RequestRejected
-from osas.cloud.port import CreateServerRequest
+from osas.cloud.port import CreateServerRequest, Reference
 from osas.domain.servers import Fault, Flavor, ServerRecord
+from osas.domain.specs import NodeGroupSpec
 
 NO_VALID_HOST = "No valid host was found. There are not enough hosts available."
+GROUP_MEMBERS_EXCEEDED = "Quota exceeded, too many servers in group"
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 DEFAULT_FLAVORS = (
     Flavor("f-small", "m1.small", vcpus=1, ram_mib=2048, disk_gib=20),
@@ -59,6 +69,8 @@ class FakeServer:
     security_groups: tuple[str, ...] = ()
     boot_volume_gib: int | None = None
     deleting_since: datetime | None = None
+    fault_created: datetime | None = None
+    config_drive: bool = False
 
     def record(self) -> ServerRecord:
         return ServerRecord(
@@ -84,8 +96,102 @@ class Faults:
     max_servers: int | None = None  # the project's instance quota
 
 
+@dataclass(slots=True)
+class Quota:
+    """The project's Nova quotas; None is unlimited (Nova's -1). Nova's own defaults are 10
+    instances, 20 cores and 50 GiB of RAM; the fake starts unlimited so large tests can run."""
+
+    instances: int | None = None
+    cores: int | None = None
+    ram: int | None = None  # MiB
+    metadata_items: int = 128
+    key_pairs: int = 100
+    server_groups: int = 10
+    server_group_members: int = 10  # the hidden cap that breaks the 11th node of a group
+
+
+@dataclass(slots=True)
+class FakeKeypair:
+    name: str
+    public_key: str
+    created_at: datetime
+    key_type: str = "ssh"
+
+    @property
+    def fingerprint(self) -> str:
+        digest = hashlib.md5(self.public_key.encode(), usedforsecurity=False).hexdigest()
+        return ":".join(digest[i : i + 2] for i in range(0, len(digest), 2))
+
+
+@dataclass(slots=True)
+class FakeServerGroup:
+    group_id: str
+    name: str
+    policy: str
+    rules: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerFilter:
+    """The list filters Nova applies server-side, with Nova's semantics: ``tags`` needs every
+    tag, ``tags_any`` one of them, ``not_tags`` excludes servers carrying all of its tags,
+    ``not_tags_any`` those carrying any."""
+
+    tags: frozenset[str] = frozenset()
+    tags_any: frozenset[str] = frozenset()
+    not_tags: frozenset[str] = frozenset()
+    not_tags_any: frozenset[str] = frozenset()
+    changes_since: datetime | None = None
+    changes_before: datetime | None = None
+    name: re.Pattern[str] | None = None
+    status: str | None = None
+
+    def matches(self, server: FakeServer) -> bool:
+        return (
+            self._matches_time(server) and self._matches_tags(server) and self._matches_rest(server)
+        )
+
+    def _matches_time(self, server: FakeServer) -> bool:
+        if self.changes_since is None and self.changes_before is None:
+            # Only a changes-since/-before query lifts Nova's deleted=False.
+            return server.status != "DELETED"
+        if self.changes_since is not None and server.updated_at < self.changes_since:
+            return False
+        return self.changes_before is None or server.updated_at <= self.changes_before
+
+    def _matches_tags(self, server: FakeServer) -> bool:
+        tags = server.tags
+        if self.tags and not self.tags <= tags:
+            return False
+        if self.tags_any and not self.tags_any & tags:
+            return False
+        if self.not_tags and self.not_tags <= tags:
+            return False
+        return not (self.not_tags_any and self.not_tags_any & tags)
+
+    def _matches_rest(self, server: FakeServer) -> bool:
+        if self.name is not None and not self.name.search(server.name):
+            return False
+        return self.status is None or server.status == self.status
+
+
+def _locked(method: Callable[Concatenate[FakeNova, P], R]) -> Callable[Concatenate[FakeNova, P], R]:
+    """Run a FakeNova method under its lock: the simulator calls it from many threads."""
+
+    @functools.wraps(method)
+    def guarded(nova: FakeNova, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        with nova.lock:
+            return method(nova, *args, **kwargs)
+
+    return guarded
+
+
 class FakeNova:
-    """Nova's server model in memory; synchronous, so the HTTP simulator can serve it too."""
+    """Nova's server model in memory; synchronous, so the HTTP simulator can serve it too.
+
+    Every public method takes ``lock`` (re-entrant), so tests may read and seed the model while
+    the simulator serves it; hold the lock yourself for several steps that must not interleave.
+    """
 
     def __init__(
         self,
@@ -99,16 +205,23 @@ class FakeNova:
         self.build_seconds = build_seconds  # None: servers stay BUILD until activate()
         self.delete_seconds = delete_seconds
         self.clock = clock or (lambda: datetime.now(UTC))
+        self.lock = threading.RLock()
         self.faults = Faults()
+        self.quota = Quota()
         self.calls: Counter[str] = Counter()
+        self.keypairs: dict[str, FakeKeypair] = {}
+        self.server_groups: dict[str, FakeServerGroup] = {}
+        self.availability_zones: list[str] = ["nova"]
         self._servers: dict[str, FakeServer] = {}
 
     # -- inspection for tests --------------------------------------------------------------------
 
+    @_locked
     def live_servers(self) -> list[FakeServer]:
         self._advance()
         return [s for s in self._servers.values() if s.status != "DELETED"]
 
+    @_locked
     def activate(self, server_id: str | None = None) -> None:
         """Finish the build of one server, or of every server in BUILD."""
         now = self.clock()
@@ -116,6 +229,7 @@ class FakeNova:
             if server.status == "BUILD" and server_id in {None, server.server_id}:
                 server.status, server.task_state, server.updated_at = "ACTIVE", None, now
 
+    @_locked
     def seed(
         self,
         *,
@@ -124,22 +238,99 @@ class FakeNova:
         tags: Iterable[str] = (),
         status: str = "ACTIVE",
         flavor_id: str = "f-small",
+        image: str = "image",
+        networks: Iterable[str] = (),
+        server_group: str | None = None,
+        fault: Fault | None = None,
     ) -> FakeServer:
         """A server made behind osas's back: by hand, by another tool or another cluster."""
         server = self._new_server(
             name,
             flavor_id=flavor_id,
-            image="image",
-            networks=(),
+            image=image,
+            networks=tuple(networks),
             metadata=metadata or {},
             tags=tags,
         )
         server.status = status
         server.task_state = None
+        server.server_group = server_group
+        if fault is not None:
+            server.fault, server.fault_created = fault, server.created_at
+        if status == "DELETED":
+            # As Nova leaves it: tags hard-deleted with the instance.
+            server.deleting_since = server.created_at
+            server.tags.clear()
         return server
+
+    @_locked
+    def all_servers(self) -> list[FakeServer]:
+        """Every server the model remembers, deleted ones included (not an API call)."""
+        self._advance()
+        return list(self._servers.values())
+
+    @_locked
+    def find_server(self, server_id: str) -> FakeServer | None:
+        """One server, deleted or not, without counting a call (for markers and inspection)."""
+        self._advance()
+        return self._servers.get(server_id)
+
+    @_locked
+    def usage(self) -> dict[str, int]:
+        """What the live servers consume of the project's quota, as Nova counts it."""
+        live = self.live_servers()
+        flavors = [self.flavors.get(server.flavor_id) for server in live]
+        return {
+            "instances": len(live),
+            "cores": sum(flavor.vcpus for flavor in flavors if flavor is not None),
+            "ram": sum(flavor.ram_mib for flavor in flavors if flavor is not None),
+        }
+
+    @_locked
+    def instance_limit(self) -> int | None:
+        """The instance quota: the smaller of ``quota.instances`` and ``faults.max_servers``."""
+        limits = [n for n in (self.quota.instances, self.faults.max_servers) if n is not None]
+        return min(limits) if limits else None
+
+    @_locked
+    def add_keypair(self, name: str, public_key: str | None = None) -> FakeKeypair:
+        key = public_key or f"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAA{name} {name}@osas-sim"
+        keypair = FakeKeypair(name=name, public_key=key, created_at=self.clock())
+        self.keypairs[name] = keypair
+        return keypair
+
+    @_locked
+    def add_server_group(
+        self,
+        name: str,
+        *,
+        policy: str = "anti-affinity",
+        rules: Mapping[str, int] | None = None,
+        group_id: str | None = None,
+    ) -> FakeServerGroup:
+        group_id = group_id or str(uuid.uuid4())
+        group = FakeServerGroup(group_id, name, policy, dict(rules or {}))
+        self.server_groups[group.group_id] = group
+        return group
+
+    @_locked
+    def find_server_group(self, name_or_id: str) -> FakeServerGroup | None:
+        if name_or_id in self.server_groups:
+            return self.server_groups[name_or_id]
+        return next((g for g in self.server_groups.values() if g.name == name_or_id), None)
+
+    @_locked
+    def server_group_members(self, group: FakeServerGroup) -> list[str]:
+        """Live servers placed in the group, whether it was named by id (HTTP) or name (fake)."""
+        return [
+            server.server_id
+            for server in self.live_servers()
+            if server.server_group in {group.group_id, group.name}
+        ]
 
     # -- the API -----------------------------------------------------------------------------
 
+    @_locked
     def find_flavor(self, name_or_id: str) -> Flavor | None:
         self.calls["flavors.get"] += 1
         if name_or_id in self.flavors:
@@ -149,53 +340,76 @@ class FakeNova:
                 return flavor
         return None
 
+    @_locked
     def list_servers(
         self,
         *,
         tags: Sequence[str] = (),
         tags_any: Sequence[str] = (),
+        not_tags: Sequence[str] = (),
+        not_tags_any: Sequence[str] = (),
         changes_since: datetime | None = None,
+        changes_before: datetime | None = None,
+        name: str | None = None,
+        status: str | None = None,
     ) -> list[FakeServer]:
-        """Newest first, as Nova sorts. Deleted servers appear only with changes-since, and never
-        with a tag filter, because Nova hard-deletes a server's tags when it is destroyed."""
+        """Newest first, as Nova sorts. Deleted servers appear only with changes-since or
+        changes-before, and never with a tag filter, because Nova hard-deletes a server's tags
+        when it is destroyed. ``name`` is a regular expression searched anywhere in the name."""
         self.calls["servers.list"] += 1
         self._advance()
-        result = []
-        for server in self._servers.values():
-            if server.status == "DELETED" and changes_since is None:
-                continue
-            if changes_since is not None and server.updated_at < changes_since:
-                continue
-            if tags and not set(tags) <= server.tags:
-                continue
-            if tags_any and not set(tags_any) & server.tags:
-                continue
-            result.append(server)
-        result.sort(key=lambda s: (s.created_at, s.server_id), reverse=True)
+        try:
+            name_pattern = None if name is None else re.compile(name)
+        except re.error as exc:
+            raise RequestRejected(f"Invalid regular expression for name: {exc}", 400) from exc
+        wanted = ServerFilter(
+            tags=frozenset(tags),
+            tags_any=frozenset(tags_any),
+            not_tags=frozenset(not_tags),
+            not_tags_any=frozenset(not_tags_any),
+            changes_since=changes_since,
+            changes_before=changes_before,
+            name=name_pattern,
+            status=None if status is None else status.upper(),
+        )
+        result = [server for server in self._servers.values() if wanted.matches(server)]
+        result.sort(key=_listing_order, reverse=True)
         return result
 
+    @_locked
+    def page_of(
+        self, servers: Sequence[FakeServer], *, limit: int | None, marker: str | None
+    ) -> list[FakeServer]:
+        """One page of a listing, as Nova cuts it: the servers that sort after ``marker``.
+
+        The marker may be a server the filters exclude, or a deleted one (Nova looks it up with
+        deleted rows); one Nova never had is a 400, with Nova's message."""
+        start = 0
+        if marker is not None:
+            anchor = self._servers.get(marker)
+            if anchor is None:
+                raise RequestRejected(f"marker [{marker}] not found", 400)
+            anchor_key = _listing_order(anchor)
+            start = next(
+                (i for i, s in enumerate(servers) if _listing_order(s) < anchor_key), len(servers)
+            )
+        end = len(servers) if limit is None else start + limit
+        return list(servers[start:end])
+
+    @_locked
     def get_server(self, server_id: str) -> FakeServer | None:
         self.calls["servers.get"] += 1
         self._advance()
         server = self._servers.get(server_id)
         return None if server is None or server.status == "DELETED" else server
 
+    @_locked
     def create_server(self, request: CreateServerRequest) -> FakeServer:
         self.calls["servers.create"] += 1
         flavor = self.find_flavor(request.flavor)
         if flavor is None:
             raise RequestRejected(f"Flavor {request.flavor} could not be found.", 400)
-        faults = self.faults
-        live = len(self.live_servers())
-        if faults.quota_exceeded > 0 or (
-            faults.max_servers is not None and live >= faults.max_servers
-        ):
-            faults.quota_exceeded = max(0, faults.quota_exceeded - 1)
-            limit = faults.max_servers if faults.max_servers is not None else live
-            raise QuotaExceeded(
-                f"Quota exceeded for instances: Requested 1, but already used {live} of "
-                f"{limit} instances"
-            )
+        self._check_quota(request, flavor)
         server = self._new_server(
             request.name,
             flavor_id=flavor.flavor_id,
@@ -210,13 +424,54 @@ class FakeNova:
         server.server_group = request.server_group
         server.security_groups = tuple(request.security_groups)
         server.boot_volume_gib = request.boot_volume.size_gib if request.boot_volume else None
+        faults = self.faults
         if faults.no_valid_host > 0:
             faults.no_valid_host -= 1
             # Nova buries it in cell0 as ERROR, tags and metadata kept.
             server.status, server.task_state = "ERROR", None
-            server.fault = Fault(500, NO_VALID_HOST)
+            server.fault, server.fault_created = Fault(500, NO_VALID_HOST), server.created_at
         return server
 
+    def _check_quota(self, request: CreateServerRequest, flavor: Flavor) -> None:
+        """Refuse a create the way Nova's API does: 403 before anything is built."""
+        quota, faults = self.quota, self.faults
+        if len(request.metadata) > quota.metadata_items:
+            raise RequestRejected(
+                f"Maximum number of metadata items exceeds {quota.metadata_items}", 403
+            )
+        used = self.usage()
+        instance_limit = self.instance_limit()
+        if faults.quota_exceeded > 0:
+            faults.quota_exceeded -= 1
+            limit = instance_limit if instance_limit is not None else used["instances"]
+            raise QuotaExceeded(
+                f"Quota exceeded for instances: Requested 1, but already used "
+                f"{used['instances']} of {limit} instances"
+            )
+        requested = {"instances": 1, "cores": flavor.vcpus, "ram": flavor.ram_mib}
+        limits = {"instances": instance_limit, "cores": quota.cores, "ram": quota.ram}
+        overs = sorted(
+            resource
+            for resource, limit in limits.items()
+            if limit is not None and used[resource] + requested[resource] > limit
+        )
+        if overs:
+            # Nova names every resource over quota in one message, in sorted order.
+            def joined(values: Mapping[str, int | None]) -> str:
+                return ", ".join(str(values[resource]) for resource in overs)
+
+            raise QuotaExceeded(
+                f"Quota exceeded for {', '.join(overs)}: Requested {joined(requested)}, but "
+                f"already used {joined(used)} of {joined(limits)} {', '.join(overs)}"
+            )
+        if request.server_group is not None:
+            members = sum(
+                1 for server in self.live_servers() if server.server_group == request.server_group
+            )
+            if members >= quota.server_group_members:
+                raise QuotaExceeded(GROUP_MEMBERS_EXCEEDED)
+
+    @_locked
     def delete_server(self, server_id: str) -> bool:
         """False when there was no such server (Nova's 404)."""
         self.calls["servers.delete"] += 1
@@ -275,6 +530,11 @@ class FakeNova:
                 server.tags.clear()
 
 
+def _listing_order(server: FakeServer) -> tuple[datetime, str]:
+    """Nova's default sort key (created_at, then id); listings run from the largest down."""
+    return server.created_at, server.server_id
+
+
 @dataclass
 class FakeCloud:
     """The ``Cloud`` port over a ``FakeNova``, with latency and 5xx injected per call."""
@@ -322,6 +582,19 @@ class FakeCloud:
         await self._call()
         flavor = self.nova.find_flavor(name_or_id)
         return None if flavor is None else replace(flavor)
+
+    async def resolve(self, spec: NodeGroupSpec) -> list[Reference]:
+        """Only flavors are modelled here; every other name is taken as found."""
+        await self._call()
+        flavor = self.nova.find_flavor(spec.flavor)
+        references = [Reference("flavor", spec.flavor, flavor.flavor_id if flavor else None)]
+        references.append(Reference("image", spec.image, spec.image))
+        references += [Reference("network", name, name) for name in spec.networks]
+        return references
+
+    async def verify(self) -> str:
+        await self._call()
+        return "in-memory fake cloud"
 
     async def close(self) -> None:
         return None

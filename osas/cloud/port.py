@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Protocol
 
 from osas.domain.servers import Flavor, ServerRecord
-from osas.domain.specs import BootVolume
+from osas.domain.specs import BootVolume, NodeGroupSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +28,20 @@ class CreateServerRequest:
     server_group: str | None = None
     boot_volume: BootVolume | None = None
     extra: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Reference:
+    """One thing a node group names in the cloud (flavor, image, network...), resolved."""
+
+    kind: str
+    name: str
+    resource_id: str | None  # None: not found
+    detail: str = ""
+
+    @property
+    def found(self) -> bool:
+        return self.resource_id is not None
 
 
 class Cloud(Protocol):
@@ -50,5 +64,14 @@ class Cloud(Protocol):
         ...
 
     async def get_flavor(self, name_or_id: str) -> Flavor | None: ...
+
+    async def resolve(self, spec: NodeGroupSpec) -> list[Reference]:
+        """Every cloud resource ``spec`` names, looked up (for ``osas check-config``)."""
+        ...
+
+    async def verify(self) -> str:
+        """Check that the cloud can be used as osas needs it; a short description of it.
+        Raises ``CloudConfigurationError`` when it cannot (e.g. a compute microversion < 2.52)."""
+        ...
 
     async def close(self) -> None: ...

@@ -4,6 +4,7 @@ incremental ones in between, so steady-state traffic does not grow with the clus
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -39,7 +40,10 @@ class Reconciler:
         inventory: Inventory,
         queue: TaskQueue,
         settings: EngineSettings,
+        *,
+        clock: Callable[[], float] = anyio.current_time,
     ) -> None:
+        self._clock = clock
         self._cluster = cluster
         self._cloud = cloud
         self._inventory = inventory
@@ -65,7 +69,7 @@ class Reconciler:
 
     async def reconcile_once(self, *, full: bool | None = None) -> SyncReport:
         """One sync; raises ``CloudError`` and keeps the last good inventory when it fails."""
-        now = anyio.current_time()
+        now = self._clock()
         if full is None:
             full = self._full_due(now)
         generation = self._inventory.begin_sync()
@@ -76,7 +80,7 @@ class Reconciler:
                 records = await self._cloud.list_servers(tag)
                 servers = [s for r in records if (s := self._marks.claim(r)) is not None]
                 await self._refresh_flavors()
-                report = self._inventory.apply_full_sync(generation, servers, anyio.current_time())
+                report = self._inventory.apply_full_sync(generation, servers, self._clock())
                 self._last_full = now
                 self.status.full_syncs += 1
             else:
@@ -120,7 +124,7 @@ class Reconciler:
                 gone.append(server_id)
             elif (server := self._marks.claim(current)) is not None:
                 changed.append(server)
-        return self._inventory.apply_changes(generation, changed, gone, anyio.current_time())
+        return self._inventory.apply_changes(generation, changed, gone, self._clock())
 
     async def _refresh_flavors(self) -> None:
         for spec in self._cluster.node_groups:
@@ -130,7 +134,7 @@ class Reconciler:
             self._inventory.set_flavor(spec.group_id, flavor)
 
     def _resend_stale_deletes(self) -> None:
-        now = anyio.current_time()
+        now = self._clock()
         for server in self._inventory.stale_deletions(now, self._settings.delete_retry_after):
             task = DeleteTask(server.server_id, server.group_id)
             if self._queue.in_hand(task) or not self._queue.room:

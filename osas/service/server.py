@@ -95,4 +95,11 @@ class ProviderServer:
             server, health_server = self._servers
             await server.stop(self._settings.shutdown_grace)
             await health_server.stop(None)
-        logger.info("grpc stopped")
+            self._servers = []
+            logger.info("grpc stopped")
+
+    async def close(self) -> None:
+        """Stop both servers at once, cancelling calls in flight (after ``stop``, nothing)."""
+        servers, self._servers = self._servers, []
+        for server in servers:
+            await server.stop(None)

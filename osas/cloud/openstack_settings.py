@@ -1,0 +1,71 @@
+"""How to reach OpenStack, as plain values; kept apart from the adapter so that the config
+layer can build it without importing openstacksdk."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Tag filters need compute 2.26 and tags on create 2.52; below that Nova silently ignores
+# the filter and lists every server of the project.
+MIN_COMPUTE_MICROVERSION = (2, 52)
+
+
+@dataclass(frozen=True, slots=True)
+class OpenStackAuth:
+    """An ``auth`` block: password or application credential. Secrets stay out of repr."""
+
+    auth_url: str
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    user_domain_name: str | None = None
+    project_name: str | None = None
+    project_id: str | None = None
+    project_domain_name: str | None = None
+    application_credential_id: str | None = None
+    application_credential_secret: str | None = field(default=None, repr=False)
+
+    @property
+    def auth_type(self) -> str:
+        return "v3applicationcredential" if self.application_credential_id else "password"
+
+    def as_sdk_auth(self) -> dict[str, str]:
+        values = {
+            "auth_url": self.auth_url,
+            "username": self.username,
+            "password": self.password,
+            "user_domain_name": self.user_domain_name,
+            "project_name": self.project_name,
+            "project_id": self.project_id,
+            "project_domain_name": self.project_domain_name,
+            "application_credential_id": self.application_credential_id,
+            "application_credential_secret": self.application_credential_secret,
+        }
+        return {key: value for key, value in values.items() if value is not None}
+
+    def secrets(self) -> tuple[str, ...]:
+        return tuple(s for s in (self.password, self.application_credential_secret) if s)
+
+
+@dataclass(frozen=True, slots=True)
+class OpenStackSettings:
+    """Where the credentials come from: a clouds.yaml entry, an auth block, or, with neither,
+    the ``OS_CLOUD`` / ``OS_*`` environment as every OpenStack tool reads it."""
+
+    cloud: str | None = None
+    auth: OpenStackAuth | None = None
+    region_name: str | None = None
+    interface: str | None = None
+    verify: bool = True
+    cacert: Path | None = None
+    api_timeout: float = 30.0
+    # Concurrent openstacksdk calls (each in its own thread, with its own connection).
+    concurrency: int = 4
+    # openstacksdk operations per second, all threads together.
+    rate_limit: float = 20.0
+    # Attempts for idempotent calls (list, get, delete) on 5xx, connection errors, timeouts.
+    attempts: int = 4
+    backoff: float = 0.5
+    backoff_max: float = 10.0
+    # How long names of flavors, images, networks... stay resolved.
+    resolve_ttl: float = 600.0

@@ -1,0 +1,1 @@
+"""``osas demo``: a Cluster Autoscaler session, played against a simulated OpenStack."""

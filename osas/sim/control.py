@@ -1,0 +1,175 @@
+"""The simulator's own control API under ``/_sim``, for processes that cannot reach the object.
+
+No authentication, JSON in and out, never counted in ``calls``. It seeds servers behind osas's
+back, sets faults and quotas, finishes builds, reads and resets the request counts, and lists
+the servers compactly:
+
+- ``POST /_sim/servers`` ``{"name", "metadata", "tags", "status", "flavor", "count"}``, a list of
+  those, or ``{"servers": [...]}``; with ``count`` > 1 names get ``-1``, ``-2``... suffixes.
+- ``GET /_sim/servers`` (``?deleted=true`` keeps deleted ones), ``DELETE /_sim/servers/{id}``.
+- ``GET|POST /_sim/faults`` and ``GET|POST /_sim/quota``: any field of ``Faults`` / ``Quota``.
+- ``POST /_sim/activate`` (optionally ``{"id": ...}``), ``GET /_sim/calls``,
+  ``POST /_sim/calls/reset``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from osas.cloud.fake import FakeNova, FakeServer, Faults, Quota
+from osas.sim.routing import HttpError, Request, Response, Router, timestamp
+
+_SEED_KEYS = frozenset({"name", "metadata", "tags", "status", "flavor", "count", "image"})
+_MAX_SEED = 100_000
+
+
+def _refuse(status: int, message: str) -> HttpError:
+    return HttpError(Response.json(status, {"error": message}))
+
+
+def compact(server: FakeServer) -> dict[str, Any]:
+    return {
+        "id": server.server_id,
+        "name": server.name,
+        "status": server.status,
+        "task_state": server.task_state,
+        "tags": sorted(server.tags),
+        "metadata": dict(server.metadata),
+        "flavor": server.flavor_id,
+        "created": timestamp(server.created_at),
+        "updated": timestamp(server.updated_at),
+        "fault": None if server.fault is None else server.fault.message,
+    }
+
+
+class Control:
+    def __init__(self, nova: FakeNova, calls: Counter[str]) -> None:
+        self.nova = nova
+        self.calls = calls
+
+    def register(self, router: Router) -> None:
+        routes = [
+            ("POST", "/_sim/servers", self._seed),
+            ("GET", "/_sim/servers", self._servers),
+            ("DELETE", "/_sim/servers/{server_id}", self._delete),
+            ("GET", "/_sim/faults", self._faults),
+            ("POST", "/_sim/faults", self._set_faults),
+            ("GET", "/_sim/quota", self._quota),
+            ("POST", "/_sim/quota", self._set_quota),
+            ("POST", "/_sim/activate", self._activate),
+            ("GET", "/_sim/calls", self._calls),
+            ("POST", "/_sim/calls/reset", self._reset_calls),
+        ]
+        for method, path, handler in routes:
+            router.add(method, path, "control", handler, authenticated=False)
+
+    def _body(self, request: Request) -> Any:
+        return request.json(lambda message: _refuse(400, message))
+
+    def _seed(self, request: Request) -> Response:
+        body = self._body(request)
+        if isinstance(body, dict) and "servers" in body:
+            body = body["servers"]
+        specs = body if isinstance(body, list) else [body]
+        checked = [self._checked_seed(spec) for spec in specs]
+        seeded = []
+        for spec in checked:
+            count = int(spec.get("count", 1))
+            for index in range(count):
+                name = str(spec["name"]) if count == 1 else f"{spec['name']}-{index + 1}"
+                server = self.nova.seed(
+                    name=name,
+                    metadata=spec.get("metadata") or {},
+                    tags=spec.get("tags") or (),
+                    status=str(spec.get("status", "ACTIVE")).upper(),
+                    flavor_id=spec["flavor"],
+                    image=str(spec.get("image", "image")),
+                )
+                seeded.append(compact(server))
+        return Response.json(201, {"servers": seeded})
+
+    def _checked_seed(self, spec: Any) -> dict[str, Any]:
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise _refuse(400, "each server needs a name")
+        unknown = set(spec) - _SEED_KEYS
+        if unknown:
+            raise _refuse(400, f"unknown fields {sorted(unknown)}; known: {sorted(_SEED_KEYS)}")
+        count = spec.get("count", 1)
+        if not isinstance(count, int) or not 1 <= count <= _MAX_SEED:
+            raise _refuse(400, f"count must be an integer from 1 to {_MAX_SEED}")
+        if not isinstance(spec.get("metadata", {}), dict) or not isinstance(
+            spec.get("tags", []), list
+        ):
+            raise _refuse(400, "metadata must be an object and tags a list")
+        wanted = str(spec.get("flavor", "f-small"))
+        flavor = self.nova.flavors.get(wanted) or next(
+            (f for f in self.nova.flavors.values() if f.name == wanted), None
+        )
+        if flavor is None:
+            raise _refuse(400, f"no flavor {spec.get('flavor')!r}")
+        return {**spec, "flavor": flavor.flavor_id}
+
+    def _servers(self, request: Request) -> Response:
+        with_deleted = (request.last("deleted") or "").lower() in {"1", "true", "yes"}
+        servers = self.nova.all_servers() if with_deleted else self.nova.live_servers()
+        return Response.json(200, {"servers": [compact(server) for server in servers]})
+
+    def _delete(self, request: Request) -> Response:
+        if not self.nova.delete_server(request.params["server_id"]):
+            raise _refuse(404, f"no server {request.params['server_id']}")
+        return Response.empty(204)
+
+    def _faults(self, request: Request) -> Response:
+        del request
+        return Response.json(200, {"faults": dataclasses.asdict(self.nova.faults)})
+
+    def _set_faults(self, request: Request) -> Response:
+        _assign(self.nova.faults, self._body(request))
+        return self._faults(request)
+
+    def _quota(self, request: Request) -> Response:
+        del request
+        return Response.json(200, {"quota": dataclasses.asdict(self.nova.quota)})
+
+    def _set_quota(self, request: Request) -> Response:
+        _assign(self.nova.quota, self._body(request))
+        return self._quota(request)
+
+    def _activate(self, request: Request) -> Response:
+        body = self._body(request) if request.body else {}
+        server_id = body.get("id") if isinstance(body, dict) else None
+        building = {s.server_id for s in self.nova.live_servers() if s.status == "BUILD"}
+        self.nova.activate(server_id)
+        still = {s.server_id for s in self.nova.live_servers() if s.status == "BUILD"}
+        return Response.json(200, {"activated": sorted(building - still)})
+
+    def _calls(self, request: Request) -> Response:
+        del request
+        return Response.json(200, {"calls": dict(sorted(self.calls.items()))})
+
+    def _reset_calls(self, request: Request) -> Response:
+        del request
+        self.calls.clear()
+        return Response.empty(204)
+
+
+def _assign(target: Faults | Quota, values: Any) -> None:
+    """Set fields of a Faults or Quota from JSON, checking every name and type first."""
+    if not isinstance(values, Mapping):
+        raise _refuse(400, "expected a JSON object")
+    types = {field.name: str(field.type) for field in dataclasses.fields(target)}
+    unknown = set(values) - set(types)
+    if unknown:
+        raise _refuse(400, f"unknown fields {sorted(unknown)}; known: {sorted(types)}")
+    for name, value in values.items():
+        kind = types[name]
+        if value is None and kind.endswith("| None"):
+            continue
+        number = int | float if kind == "float" else int
+        if isinstance(value, bool) or not isinstance(value, number) or value < 0:
+            raise _refuse(400, f"{name} must be a non-negative {kind.split(' ')[0]}")
+    for name, value in values.items():
+        setattr(target, name, value)

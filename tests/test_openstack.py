@@ -1,0 +1,233 @@
+"""OpenStackCloud, unmodified openstacksdk, over real HTTP to the simulated OpenStack."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import uuid
+
+import pytest
+from support import (
+    CLUSTER,
+    Provider,
+    eventually,
+    make_config,
+    provider_id,
+    seed_ours,
+    settings_for,
+)
+
+from osas.cloud.errors import (
+    CloudConfigurationError,
+    CloudUnavailable,
+    QuotaExceeded,
+    RequestRejected,
+)
+from osas.cloud.fake import FakeNova
+from osas.cloud.openstack import OpenStackCloud
+from osas.cloud.openstack_settings import OpenStackAuth
+from osas.cloud.port import CreateServerRequest
+from osas.domain.servers import (
+    META_CLUSTER,
+    META_GROUP,
+    TAG_CLUSTER_PREFIX,
+    ErrorClass,
+    OwnershipMarks,
+)
+from osas.domain.specs import BootVolume
+from osas.sim import SimulatedOpenStack
+
+TAG = f"{TAG_CLUSTER_PREFIX}{CLUSTER}"
+MARKS = OwnershipMarks(CLUSTER)
+
+
+@pytest.fixture
+def sim():
+    with SimulatedOpenStack(FakeNova()) as simulated:
+        yield simulated
+
+
+@pytest.fixture
+async def cloud(sim):
+    adapter = OpenStackCloud(settings_for(sim))
+    yield adapter
+    await adapter.close()
+
+
+def request(name: str = "n1", **overrides) -> CreateServerRequest:
+    request_id = uuid.uuid4().hex
+    values = {
+        "name": name,
+        "flavor": "m1.small",
+        "image": "ubuntu-24.04",
+        "networks": ["cluster-net"],
+        "metadata": MARKS.metadata("workers", request_id),
+        "tags": MARKS.tags(request_id),
+    }
+    values.update(overrides)
+    return CreateServerRequest(**values)
+
+
+async def test_verify_negotiates_a_microversion_with_tags(cloud):
+    described = await cloud.verify()
+    assert "compute 2." in described
+
+
+async def test_listing_filters_by_tag_across_pages(sim, cloud):
+    ours = set(seed_ours(sim.nova, 2500))
+    for index in range(30):
+        sim.nova.seed(name=f"{CLUSTER}-workers-{index}")  # look-alike, untagged
+    sim.calls.clear()
+    listed = await cloud.list_servers(TAG)
+    assert [r.server_id for r in listed if r.server_id in ours] == [r.server_id for r in listed]
+    assert {r.server_id for r in listed} == ours
+    assert len(listed) == 2500
+    assert sim.calls["compute.servers.list"] == 3  # pages of at most 1000
+
+
+async def test_create_carries_everything_nova_needs(sim, cloud):
+    record = await cloud.create_server(
+        request(
+            user_data="#cloud-config\nhostname: n1\n",
+            key_name="ops",
+            security_groups=["default"],
+            availability_zone="nova",
+            server_group="workers-anti-affinity",
+            boot_volume=BootVolume(40, None),
+        )
+    )
+    server = sim.nova.get_server(record.server_id)
+    assert server is not None
+    assert MARKS.claim(record) is not None
+    assert server.metadata[META_CLUSTER] == CLUSTER
+    assert TAG in server.tags
+    assert base64.b64decode(server.user_data or "").decode() == "#cloud-config\nhostname: n1\n"
+    assert server.key_name == "ops"
+    assert server.boot_volume_gib == 40
+    assert server.server_group is not None
+    assert server.networks
+
+
+async def test_delete_of_a_missing_server_is_success(sim, cloud):
+    [server_id] = seed_ours(sim.nova, 1)
+    await cloud.delete_server(server_id)
+    await cloud.delete_server(server_id)
+    await cloud.delete_server(str(uuid.uuid4()))
+    assert await cloud.get_server(server_id) is None
+
+
+async def test_error_shapes_map_to_their_classes(sim, cloud):
+    sim.nova.faults.quota_exceeded = 1
+    with pytest.raises(QuotaExceeded) as quota:
+        await cloud.create_server(request())
+    assert quota.value.error_info().error_class is ErrorClass.OUT_OF_RESOURCES
+    assert "Quota exceeded" in quota.value.error_info().message
+
+    with pytest.raises(RequestRejected) as rejected:
+        await cloud.create_server(request(flavor="no-such-flavor"))
+    assert rejected.value.error_info().error_class is ErrorClass.OTHER
+
+    sim.nova.faults.error_rate = 1.0
+    with pytest.raises(CloudUnavailable):
+        await cloud.list_servers(TAG)
+    sim.nova.faults.error_rate = 0.0
+
+    sim.nova.faults.no_valid_host = 1
+    record = await cloud.create_server(request())
+    await asyncio.sleep(0)
+    listed = await cloud.get_server(record.server_id)
+    assert listed is not None
+    assert listed.status == "ERROR"
+    assert listed.fault is not None
+    assert "No valid host" in listed.fault.message
+
+
+async def test_pinned_low_microversion_is_refused(sim, tmp_path, monkeypatch):
+    monkeypatch.setenv("OS_COMPUTE_API_VERSION", "2.1")
+    adapter = OpenStackCloud(settings_for(sim))
+    try:
+        with pytest.raises(CloudConfigurationError, match=r"pinned to 2\.1"):
+            await adapter.verify()
+    finally:
+        await adapter.close()
+
+
+async def test_nova_without_tag_support_is_refused():
+    with SimulatedOpenStack(FakeNova(), max_microversion="2.25") as old:
+        adapter = OpenStackCloud(settings_for(old))
+        try:
+            with pytest.raises(CloudConfigurationError, match=r"at least 2\.52"):
+                await adapter.verify()
+        finally:
+            await adapter.close()
+
+
+async def test_wrong_password_is_a_configuration_error(sim):
+    settings = settings_for(sim)
+    assert settings.auth is not None
+    wrong = OpenStackAuth(**{**settings.auth.as_sdk_auth(), "password": "not-the-password"})
+    adapter = OpenStackCloud(settings_for(sim, auth=wrong, attempts=1))
+    try:
+        with pytest.raises(CloudConfigurationError) as refused:
+            await adapter.verify()
+        assert "not-the-password" not in str(refused.value)
+    finally:
+        await adapter.close()
+
+
+async def test_incremental_sync_sees_creates_updates_and_deletions(sim, tmp_path):
+    config = make_config(tmp_path)
+    [kept, doomed] = seed_ours(sim.nova, 2)
+    provider = Provider(config, OpenStackCloud(settings_for(sim)))
+    await provider.start()
+    try:
+        app = provider.app
+        app.controller.increase_size("workers", 1)
+        await eventually(lambda: len(sim.nova.live_servers()) == 3, what="server created")
+        await provider.sync(full=False)
+        created = next(s for s in sim.nova.live_servers() if s.server_id not in {kept, doomed})
+        assert app.inventory.server(created.server_id) is not None
+        sim.nova.activate(created.server_id)
+        await provider.sync(full=False)
+        assert app.inventory.server(created.server_id).status == "ACTIVE"
+        app.controller.delete_nodes("workers", [("n", provider_id(doomed))])
+        await eventually(lambda: sim.nova.get_server(doomed) is None, what="deleted in Nova")
+        sim.calls.clear()
+        await provider.sync(full=False)
+        assert app.inventory.server(doomed) is None
+        assert app.controller.target_size("workers") == 2
+        # One incremental listing plus one look-up of the server being deleted.
+        assert sim.calls["compute.servers.list"] == 1
+        assert sim.calls["compute.servers.get"] == 1
+    finally:
+        await provider.stop()
+
+
+async def test_foreign_servers_are_never_listed_reported_or_deleted(sim, tmp_path):
+    nova = sim.nova
+    foreign = [
+        nova.seed(name=f"{CLUSTER}-workers-a"),
+        nova.seed(name=f"{CLUSTER}-workers-b", tags=[TAG]),
+        nova.seed(name=f"{CLUSTER}-workers-c", metadata={META_CLUSTER: CLUSTER}, tags=[TAG]),
+        nova.seed(
+            name=f"{CLUSTER}-workers-d", metadata={META_CLUSTER: CLUSTER, META_GROUP: "workers"}
+        ),
+        nova.seed(
+            name=f"{CLUSTER}-workers-e",
+            metadata={META_CLUSTER: "other", META_GROUP: "workers"},
+            tags=[TAG],
+        ),
+    ]
+    [ours] = seed_ours(nova, 1)
+    provider = Provider(make_config(tmp_path), OpenStackCloud(settings_for(sim)))
+    await provider.start()
+    try:
+        controller = provider.app.controller
+        assert [i.instance_id for i in controller.nodes("workers")] == [provider_id(ours)]
+        for server in foreign:
+            assert controller.node_group_for_node(server.name, "") is None
+            assert controller.node_group_for_node("n", provider_id(server.server_id)) is None
+    finally:
+        await provider.stop()
+    assert all(nova.get_server(s.server_id) is not None for s in foreign)
+    assert sim.calls["compute.servers.delete"] == 0

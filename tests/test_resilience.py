@@ -1,0 +1,211 @@
+"""osas against a misbehaving OpenStack: faults, restarts, and Nova traffic at scale."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from support import (
+    CLUSTER,
+    Provider,
+    ca_client,
+    config_data,
+    seed_ours,
+    settings_for,
+    write_config,
+)
+
+from osas.cloud.fake import FakeNova
+from osas.cloud.openstack import OpenStackCloud
+from osas.config import load_config
+from osas.domain.inventory import Inventory
+from osas.domain.servers import META_GROUP, META_REQUEST, TAG_CLUSTER_PREFIX
+from osas.engine.queue import TaskQueue
+from osas.engine.reconciler import Reconciler
+from osas.protocol import externalgrpc_pb2 as pb
+from osas.sim import SimulatedOpenStack
+
+TAG = f"{TAG_CLUSTER_PREFIX}{CLUSTER}"
+BIG = {
+    "id": "big",
+    "min_size": 0,
+    "max_size": 60,
+    "flavor": "m1.small",
+    "image": "ubuntu-24.04",
+    "networks": ["cluster-net"],
+}
+
+
+def big_config(tmp_path, **overrides):
+    values = {
+        "node_groups": [BIG],
+        "queue": {"capacity": 200, "workers": 8},
+        "reconcile": {
+            "interval": "0.2s",
+            "full_resync_interval": "1s",
+            "max_inventory_age": "1h",
+            "retry_backoff": "0.01s",
+            "delete_retry_after": "0.5s",
+        },
+    }
+    data = config_data(**{**values, **overrides})
+    return load_config(write_config(tmp_path, data))
+
+
+def ours(sim: SimulatedOpenStack) -> list:
+    return [s for s in sim.nova.live_servers() if s.metadata.get(META_GROUP) == "big"]
+
+
+async def ca_loop_until(ca, want: int, sim: SimulatedOpenStack, deadline: float) -> None:
+    """What CA does each loop: clean up failed creates, ask for what is missing, until Nova
+    holds ``want`` servers and the target agrees."""
+    while time.monotonic() < deadline:
+        await ca.refresh()
+        instances = await ca.nodes("big")
+        failed = [i for i in instances if i.status.HasField("errorInfo")]
+        if failed:
+            await ca.delete("big", [(i.id, i.id) for i in failed])
+        target = await ca.target_size("big")
+        if target < want:
+            await ca.increase("big", want - target)
+        live = [
+            i
+            for i in instances
+            if i.status.instanceState != pb.InstanceStatus.instanceDeleting
+            and not i.status.HasField("errorInfo")
+            and i.id.startswith("openstack:///")
+        ]
+        if target == want and len(live) == want and len(ours(sim)) == want:
+            return
+        await asyncio.sleep(0.2)
+    msg = f"did not converge on {want}: Nova has {len(ours(sim))}"
+    raise AssertionError(msg)
+
+
+async def test_fifty_node_scale_up_and_down_under_faults(tmp_path):
+    with SimulatedOpenStack(FakeNova(build_seconds=0.2)) as sim:
+        sim.nova.faults.error_rate = 0.3
+        sim.nova.faults.latency = 0.01
+        config = big_config(tmp_path)
+        provider = Provider(config, OpenStackCloud(settings_for(sim, concurrency=8)))
+        sim.nova.faults.error_rate = 0.0  # let the first sync through, then misbehave
+        await provider.start()
+        sim.nova.faults.error_rate = 0.3
+        try:
+            async with ca_client(provider.address) as ca:
+                await ca_loop_until(ca, 50, sim, time.monotonic() + 120)
+                failures = sum(1 for e in sim.history if e.status >= 500)
+                assert failures >= 10  # the faults did happen
+                names = [s.name for s in ours(sim)]
+                assert len(set(names)) == 50  # no duplicate
+                requests = [s.metadata[META_REQUEST] for s in ours(sim)]
+                assert len(set(requests)) == 50
+
+                live = [i.id for i in await ca.nodes("big") if i.id.startswith("openstack:")]
+                await ca.delete("big", [("n", pid) for pid in live])
+                assert await ca.target_size("big") == 0
+                deadline = time.monotonic() + 120
+                while ours(sim) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.2)
+                assert ours(sim) == []  # no leftovers
+
+                sim.nova.faults.error_rate = 0.0
+                await provider.sync(full=True)  # one complete listing after the faults stop
+                assert await ca.target_size("big") == 0
+                assert await ca.nodes("big") == []
+                assert provider.app.inventory.deleting_ids() == []
+        finally:
+            await provider.stop()
+
+
+async def kill(provider: Provider) -> None:
+    """Stop osas without its graceful shutdown, as SIGKILL would."""
+    assert provider._task is not None
+    provider._task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await provider._task
+
+
+@pytest.mark.parametrize("point", ["accepted", "in-flight", "created-unsynced"])
+async def test_restart_during_scale_up_loses_nothing_and_duplicates_nothing(tmp_path, point):
+    with SimulatedOpenStack(FakeNova(build_seconds=0.2)) as sim:
+        config = big_config(tmp_path, queue={"capacity": 50, "workers": 2})
+        first = Provider(config, OpenStackCloud(settings_for(sim)))
+        await first.start()
+        async with ca_client(first.address) as ca:
+            if point == "in-flight":
+                sim.nova.faults.latency = 0.3
+            await ca.increase("big", 5)
+            if point == "in-flight":
+                deadline = time.monotonic() + 10
+                while not ours(sim) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+            elif point == "created-unsynced":
+                deadline = time.monotonic() + 10
+                while len(ours(sim)) < 5 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+        await kill(first)
+        await asyncio.sleep(0.7)  # requests osas had sent complete in Nova meanwhile
+        sim.nova.faults.latency = 0.0
+        before = {s.server_id for s in ours(sim)}
+
+        second = Provider(config, OpenStackCloud(settings_for(sim)))
+        await second.start()
+        try:
+            async with ca_client(second.address) as ca:
+                assert await ca.target_size("big") == len(before)  # nothing lost
+                await ca_loop_until(ca, 5, sim, time.monotonic() + 60)
+            assert before <= {s.server_id for s in ours(sim)}
+            assert len({s.name for s in ours(sim)}) == 5
+        finally:
+            await second.stop()
+
+
+async def idle_minutes(sim: SimulatedOpenStack, tmp_path, minutes: int) -> Counter[str]:
+    """Requests of a reconciler left idle for ``minutes`` of simulated time, at the default
+    intervals (10 s incremental, 5 min complete), after its first sync."""
+    data = config_data(node_groups=[BIG], reconcile={})  # the defaults operators get
+    config = load_config(write_config(tmp_path, data))
+    cluster = config.cluster_spec()
+    settings = config.engine_settings()
+    assert (settings.reconcile_interval, settings.full_resync_interval) == (10.0, 300.0)
+    now = [0.0]
+    inventory = Inventory(cluster)
+    cloud = OpenStackCloud(settings_for(sim))
+    reconciler = Reconciler(
+        cluster, cloud, inventory, TaskQueue(10), settings, clock=lambda: now[0]
+    )
+    try:
+        await reconciler.reconcile_once()  # the first, complete sync at start
+        sim.calls.clear()
+        while now[0] < minutes * 60:
+            now[0] += settings.reconcile_interval
+            await reconciler.reconcile_once()
+    finally:
+        await cloud.close()
+    assert reconciler.status.full_syncs == 3  # at start, 5 and 10 minutes
+    assert reconciler.status.incremental_syncs == 58
+    return Counter(sim.calls)
+
+
+async def test_idle_nova_traffic_does_not_grow_with_the_cluster(tmp_path):
+    calls = {}
+    for size in (1_000, 20_000):
+        with SimulatedOpenStack(FakeNova()) as sim:
+            # Servers made an hour ago: an idle cluster, with nothing changed lately.
+            sim.nova.clock = lambda: datetime.now(UTC) - timedelta(hours=1)
+            seed_ours(sim.nova, size, group="big")
+            sim.nova.clock = lambda: datetime.now(UTC)
+            calls[size] = await idle_minutes(sim, tmp_path, 10)
+    small, large = calls[1_000], calls[20_000]
+    # 58 incremental listings of one page each, and 2 complete listings of 2 or 21 pages (a
+    # full page of 1000 always links a next one, as Nova does, which here is empty).
+    assert small["compute.servers.list"] == 58 + 2 * 2
+    assert large["compute.servers.list"] == 58 + 2 * 21
+    # Nothing else depends on the size of the cluster.
+    small.pop("compute.servers.list")
+    large.pop("compute.servers.list")
+    assert small == large

@@ -1,0 +1,640 @@
+"""The simulated OpenStack, driven by unmodified openstacksdk over real HTTP on 127.0.0.1.
+
+These tests pin what osas's OpenStack adapter relies on: Keystone discovery and the catalog,
+microversion negotiation (and the trap of a pinned 2.1 that silently drops tag filters),
+creates with everything a node needs, Nova's pagination and changes-since semantics, Nova's
+error shapes as openstacksdk raises them, and the control API other processes use.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import stat
+import threading
+import time
+import urllib.error
+import urllib.request
+import warnings
+from datetime import UTC, datetime, timedelta
+
+import keystoneauth1.exceptions
+import openstack
+import openstack.exceptions
+import pytest
+import yaml
+from openstack.warnings import RemovedInSDK60Warning
+
+from osas.cloud.fake import FakeNova
+from osas.sim import (
+    APP_CREDENTIAL_ID,
+    APP_CREDENTIAL_SECRET,
+    DEFAULT_PASSWORD,
+    SimulatedOpenStack,
+    run_sim,
+)
+
+TAG = "osas-cluster=prod"
+
+# openstacksdk 4.22 warns on its own internals in plain use: about InfluxDB on every connect
+# (its loader hands CloudRegion a dict of None values, which reads as configured), about
+# Resource._compute_attributes on every resource it builds, and about the service_type it passes
+# itself when naming requests for logs. Only those three are silenced; a deprecation in how
+# these tests call the SDK still fails them.
+pytestmark = [
+    pytest.mark.filterwarnings(
+        "ignore:Support for InfluxDB:openstack.warnings.RemovedInSDK60Warning"
+    ),
+    pytest.mark.filterwarnings(
+        "ignore:The _compute_attributes method:openstack.warnings.RemovedInSDK50Warning"
+    ),
+    pytest.mark.filterwarnings(
+        "ignore:The 'service_type' parameter is unnecesary:openstack.warnings.RemovedInSDK50Warning"
+    ),
+]
+
+
+def connect(sim: SimulatedOpenStack, **overrides) -> openstack.connection.Connection:
+    values = {
+        "auth_url": sim.auth_url,
+        "username": "osas",
+        "password": DEFAULT_PASSWORD,
+        "project_name": "k8s",
+        "user_domain_name": "Default",
+        "project_domain_name": "Default",
+        "region_name": "RegionOne",
+    }
+    values.update(overrides)
+    return openstack.connect(**values)
+
+
+@pytest.fixture
+def sim():
+    with SimulatedOpenStack(FakeNova(build_seconds=0.0)) as simulated:
+        yield simulated
+
+
+@pytest.fixture
+def conn(sim):
+    connection = connect(sim)
+    yield connection
+    connection.close()
+
+
+def find_image(conn, name: str):
+    # Image.find calls the base find with ignore_missing=True whatever it is given, and so
+    # raises the SDK's own "ignore_missing is deprecated" warning; only that call is excused.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The ignore_missing parameter", RemovedInSDK60Warning)
+        return conn.image.find_image(name, ignore_missing=False)
+
+
+def boot_args(conn, name: str = "n1", **extra) -> dict:
+    network = conn.network.find_network("cluster-net", ignore_missing=False)
+    return {
+        "name": name,
+        "flavor_id": conn.compute.find_flavor("m1.small", ignore_missing=False).id,
+        "image_id": find_image(conn, "ubuntu-24.04").id,
+        "networks": [{"uuid": network.id}],
+        **extra,
+    }
+
+
+def control(sim: SimulatedOpenStack, method: str, path: str, body=None) -> tuple[int, dict]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(  # noqa: S310 - http://127.0.0.1 only
+        f"{sim.base_url}{path}", data=data, method=method
+    )
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+            raw = response.read()
+            return response.status, json.loads(raw) if raw else {}
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, json.loads(error.read() or b"{}")
+
+
+# -- Keystone ---------------------------------------------------------------------------------
+
+
+def test_password_token_and_catalog_discovery(sim, conn):
+    access = conn.session.auth.get_access(conn.session)
+    assert access.project_name == "k8s"
+    assert access.user_domain_name == "Default"
+    assert {"member", "reader"} <= set(access.role_names)
+    assert conn.compute.get_endpoint() == f"{sim.base_url}/compute/v2.1"
+    for service, path in (
+        ("compute", "/compute/v2.1"),
+        ("image", "/image"),
+        ("network", "/network"),
+    ):
+        for interface in ("public", "internal", "admin"):
+            url = access.service_catalog.url_for(
+                service_type=service, interface=interface, region_name="RegionOne"
+            )
+            assert url == f"{sim.base_url}{path}"
+    assert sim.calls["identity.tokens.create"] == 1
+
+
+def test_application_credential_is_scoped_by_itself(sim):
+    app = openstack.connect(
+        auth_type="v3applicationcredential",
+        auth_url=sim.auth_url,
+        application_credential_id=APP_CREDENTIAL_ID,
+        application_credential_secret=APP_CREDENTIAL_SECRET,
+        region_name="RegionOne",
+    )
+    try:
+        sim.nova.seed(name="seen", tags=[TAG])
+        assert [s.name for s in app.compute.servers(details=True, tags=TAG)] == ["seen"]
+        assert app.session.auth.get_access(app.session).project_name == "k8s"
+    finally:
+        app.close()
+
+
+def test_wrong_credentials_get_401(sim):
+    bad = connect(sim, password="not-the-password")
+    try:
+        # authorize() turns keystoneauth's Unauthorized into an SDKException with its text.
+        with pytest.raises(openstack.exceptions.SDKException, match=r"HTTP 401"):
+            bad.authorize()
+        with pytest.raises(keystoneauth1.exceptions.Unauthorized) as refused:
+            bad.session.get_token()
+        assert refused.value.http_status == 401
+    finally:
+        bad.close()
+    wrong_secret = openstack.connect(
+        auth_type="v3applicationcredential",
+        auth_url=sim.auth_url,
+        application_credential_id=APP_CREDENTIAL_ID,
+        application_credential_secret="nope",
+        region_name="RegionOne",
+    )
+    try:
+        with pytest.raises(openstack.exceptions.SDKException, match="HTTP 401"):
+            wrong_secret.authorize()
+    finally:
+        wrong_secret.close()
+
+
+def test_every_api_call_needs_a_token(sim):
+    for path in ("/compute/v2.1/servers", "/image/v2/images", "/network/v2.0/networks"):
+        status, body = control(sim, "GET", path)
+        assert status == 401
+        assert body["error"]["title"] == "Unauthorized"
+
+
+# -- Nova microversions -----------------------------------------------------------------------
+
+
+def test_sdk_negotiates_a_microversion_with_tags(sim, conn):
+    endpoint = conn.compute.get_endpoint_data()
+    assert endpoint.min_microversion == (2, 1)
+    assert endpoint.max_microversion == (2, 100)
+    negotiated = openstack.utils.maximum_supported_microversion(conn.compute, "2.100")
+    assert negotiated == "2.100"
+    response = conn.compute.get("/servers", microversion="2.60")
+    assert response.headers["OpenStack-API-Version"] == "compute 2.60"
+    assert response.headers["X-OpenStack-Nova-API-Version"] == "2.60"
+    assert "OpenStack-API-Version" in response.headers["Vary"]
+    # No header at all is Nova's minimum, not its maximum.
+    assert conn.compute.get("/servers").headers["X-OpenStack-Nova-API-Version"] == "2.1"
+    too_new = conn.compute.get("/servers", microversion="2.101")
+    assert too_new.status_code == 406
+
+
+def test_pinned_low_microversion_silently_ignores_tag_filters(sim):
+    ours = sim.nova.seed(name="ours", tags=[TAG])
+    foreign = sim.nova.seed(name="foreign")
+    pinned = connect(sim, compute_api_version="2.1")
+    try:
+        assert pinned.compute.default_microversion == "2.1"
+        listed = {s.id for s in pinned.compute.servers(details=True, tags=TAG)}
+        # The trap: Nova drops the filter it does not know at 2.1 and answers every server.
+        assert listed == {ours.server_id, foreign.server_id}
+        # At 2.1 server bodies carry no tags at all, so nothing can be checked client-side.
+        raw = pinned.compute.get("/servers/detail").json()["servers"]
+        assert all("tags" not in server for server in raw)
+    finally:
+        pinned.close()
+    current = connect(sim)
+    try:
+        assert [s.id for s in current.compute.servers(details=True, tags=TAG)] == [ours.server_id]
+    finally:
+        current.close()
+
+
+def test_tags_on_create_need_2_52(sim, conn):
+    network = conn.network.find_network("cluster-net", ignore_missing=False)
+    body = {
+        "server": {
+            "name": "old",
+            "flavorRef": "f-small",
+            "imageRef": find_image(conn, "ubuntu-24.04").id,
+            "networks": [{"uuid": network.id}],
+            "tags": [TAG],
+        }
+    }
+    refused = conn.compute.post("/servers", json=body, microversion="2.51")
+    assert refused.status_code == 400
+    assert (
+        "Additional properties are not allowed ('tags' was unexpected)"
+        in (refused.json()["badRequest"]["message"])
+    )
+    accepted = conn.compute.post("/servers", json=body, microversion="2.52")
+    assert accepted.status_code == 202
+    assert sim.nova.get_server(accepted.json()["server"]["id"]).tags == {TAG}
+
+
+# -- servers ----------------------------------------------------------------------------------
+
+
+def test_create_get_list_delete_with_everything_a_node_needs(sim, conn):
+    group = conn.compute.find_server_group("workers-anti-affinity", ignore_missing=False)
+    image = find_image(conn, "ubuntu-24.04")
+    user_data = base64.b64encode(b"#cloud-config\nhostname: n1\n").decode()
+    created = conn.compute.create_server(
+        **boot_args(conn),
+        metadata={"osas-cluster": "prod", "osas-node-group": "workers"},
+        tags=[TAG, "osas-request=r1"],
+        user_data=user_data,
+        key_name="ops",
+        security_groups=[{"name": "default"}],
+        availability_zone="nova",
+        scheduler_hints={"group": group.id},
+        config_drive=True,
+        block_device_mapping=[
+            {
+                "boot_index": 0,
+                "uuid": image.id,
+                "source_type": "image",
+                "destination_type": "volume",
+                "volume_size": 40,
+                "delete_on_termination": True,
+            }
+        ],
+    )
+    assert created.admin_password
+    model = sim.nova.get_server(created.id)
+    assert model.user_data == user_data
+    assert model.boot_volume_gib == 40
+    assert model.server_group == group.id
+    assert model.key_name == "ops"
+
+    server = conn.compute.get_server(created.id)
+    assert server.status == "ACTIVE"
+    assert server.metadata == {"osas-cluster": "prod", "osas-node-group": "workers"}
+    assert sorted(server.tags) == sorted([TAG, "osas-request=r1"])
+    assert server.flavor.original_name == "m1.small"
+    assert server.flavor.vcpus == 1
+    assert not server.image  # booted from volume: Nova shows "" for the image
+    assert server.attached_volumes
+    assert "cluster-net" in server.addresses
+    assert server.key_name == "ops"
+    assert server.availability_zone == "nova"
+    assert server.security_groups == [{"name": "default"}]
+    assert server.task_state is None
+    assert server.vm_state == "active"
+    assert server.power_state == 1
+    assert server.fault is None
+    assert conn.compute.get_server(created.id).server_groups == [group.id]
+    assert created.id in conn.compute.get_server_group(group.id).member_ids
+
+    assert [s.id for s in conn.compute.servers(details=True, tags=TAG)] == [created.id]
+    assert [s.name for s in conn.compute.servers(details=False, name="^n")] == ["n1"]
+    conn.compute.delete_server(created.id)
+    with pytest.raises(openstack.exceptions.NotFoundException):
+        conn.compute.get_server(created.id)
+    assert list(conn.compute.servers(details=True, tags=TAG)) == []
+    with pytest.raises(openstack.exceptions.NotFoundException):
+        conn.compute.delete_server(created.id, ignore_missing=False)
+
+
+def test_a_port_attaches_once(sim, conn):
+    network = conn.network.find_network("cluster-net", ignore_missing=False)
+    port = sim.add_port(network.id, name="n1-port")
+    first = conn.compute.create_server(**boot_args(conn, networks=[{"port": port.port_id}]))
+    assert conn.network.get_port(port.port_id).device_id == first.id
+    assert "cluster-net" in conn.compute.get_server(first.id).addresses
+    with pytest.raises(openstack.exceptions.ConflictException, match="still in use"):
+        conn.compute.create_server(**boot_args(conn, "n2", networks=[{"port": port.port_id}]))
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"user_data": "not base64!"}, "is not a 'base64'"),
+        ({"user_data": base64.b64encode(b"x" * 50_000).decode()}, "is too long"),
+        ({"key_name": "nobody"}, "Invalid key_name provided."),
+        ({"flavor_id": "no-such-flavor"}, "Invalid flavorRef provided."),
+        ({"image_id": "5a4c2b1e-0000-4000-8000-000000000000"}, "could not be found"),
+        ({"networks": [{"uuid": "5a4c2b1e-0000-4000-8000-000000000000"}]}, "Network"),
+        ({"security_groups": [{"name": "nope"}]}, "Security group nope not found"),
+        ({"availability_zone": "elsewhere"}, "availability zone is not available"),
+        ({"tags": ["a/b"]}, "does not match"),
+    ],
+)
+def test_invalid_creates_are_400(sim, conn, extra, message):
+    with pytest.raises(openstack.exceptions.BadRequestException) as refused:
+        conn.compute.create_server(**{**boot_args(conn), **extra})
+    assert message in refused.value.details
+    assert sim.nova.live_servers() == []
+
+
+def test_paginated_tag_listing_returns_every_server_once(sim, conn):
+    for index in range(2500):
+        sim.nova.seed(name=f"prod-workers-{index}", tags=[TAG])
+    for index in range(30):
+        sim.nova.seed(name=f"prod-workers-x{index}")  # look-alike, not ours
+    sim.calls.clear()
+    sim.history.clear()
+    listed = [s.id for s in conn.compute.servers(details=True, tags=TAG, limit=1000)]
+    assert len(listed) == 2500
+    assert len(set(listed)) == 2500
+    assert set(listed) == {s.server_id for s in sim.nova.live_servers() if TAG in s.tags}
+    pages = [e for e in sim.history if e.operation == "compute.servers.list"]
+    # Three pages of at most 1000, each following Nova's servers_links; with a limit, the
+    # SDK then asks once more after the short last page, and gets an empty one.
+    assert len(pages) == 4
+    assert sim.calls["compute.servers.list"] == 4
+    assert "marker" not in pages[0].target
+    assert all("marker=" in e.target and "limit=1000" in e.target for e in pages[1:])
+    assert f"marker={listed[-1]}" in pages[3].target
+
+
+def test_pages_follow_nova_links_alone_without_a_limit():
+    with SimulatedOpenStack(FakeNova(), max_limit=100) as small:
+        for index in range(250):
+            small.nova.seed(name=f"w{index}", tags=[TAG])
+        conn = connect(small)
+        try:
+            listed = [s.id for s in conn.compute.servers(details=False, tags=TAG)]
+        finally:
+            conn.close()
+        assert len(set(listed)) == len(listed) == 250
+        assert small.calls["compute.servers.list"] == 3  # capped at max_limit, then the links
+
+
+def test_tag_filters_have_novas_semantics(sim, conn):
+    both = sim.nova.seed(name="both", tags=["x", "y"]).server_id
+    only_x = sim.nova.seed(name="only-x", tags=["x"]).server_id
+    only_z = sim.nova.seed(name="only-z", tags=["z"]).server_id
+
+    def listed(**filters) -> set[str]:
+        return {s.id for s in conn.compute.servers(details=True, **filters)}
+
+    assert listed(tags="x,y") == {both}  # every tag
+    assert listed(any_tags="y,z") == {both, only_z}  # one of them
+    assert listed(not_tags="x,y") == {only_x, only_z}  # not all of them
+    assert listed(not_any_tags="y,z") == {only_x}  # none of them
+    assert listed(tags="x", not_any_tags="y") == {only_x}
+    assert listed(name="^only-") == {only_x, only_z}  # a regular expression, as Nova's
+    assert listed(status="active") == {both, only_x, only_z}
+
+
+def test_query_parameters_follow_the_microversion(sim, conn):
+    sim.nova.seed(name="old", tags=[TAG])
+    time.sleep(0.01)
+    cut = datetime.now(UTC)
+    time.sleep(0.01)
+    sim.nova.seed(name="new", tags=[TAG])
+    before = {"changes-before": cut.isoformat()}
+
+    def names(microversion: str, **query) -> list[str]:
+        response = conn.compute.get("/servers/detail", params=query, microversion=microversion)
+        assert response.status_code == 200, response.text
+        return sorted(server["name"] for server in response.json()["servers"])
+
+    assert names("2.65", **before) == ["new", "old"]  # changes-before unknown: ignored
+    assert names("2.66", **before) == ["old"]
+    assert names("2.74", color="blue") == ["new", "old"]  # unknown: ignored
+    strict = conn.compute.get("/servers/detail?color=blue", microversion="2.75")
+    assert strict.status_code == 400
+    assert "'color' was unexpected" in strict.json()["badRequest"]["message"]
+    backwards = conn.compute.get(
+        "/servers/detail",
+        params={"changes-since": datetime.now(UTC).isoformat(), **before},
+        microversion="2.66",
+    )
+    assert backwards.status_code == 400
+
+
+def test_unknown_marker_is_400(sim, conn):
+    response = conn.compute.get("/servers/detail?marker=no-such-server", microversion="2.60")
+    assert response.status_code == 400
+    assert response.json()["badRequest"]["message"] == "marker [no-such-server] not found"
+
+
+def test_changes_since_includes_deleted_servers_except_with_a_tag_filter(sim, conn):
+    kept = sim.nova.seed(name="kept", tags=[TAG])
+    doomed = sim.nova.seed(name="doomed", tags=[TAG])
+    since = datetime.now(UTC) - timedelta(seconds=1)
+    conn.compute.delete_server(doomed.server_id)
+
+    changed = {s.id: s for s in conn.compute.servers(details=True, changes_since=since.isoformat())}
+    assert changed[doomed.server_id].status == "DELETED"
+    assert changed[doomed.server_id].tags == []  # hard-deleted with the instance
+    assert kept.server_id in changed
+    tagged = [s.id for s in conn.compute.servers(details=True, tags=TAG, changes_since=since)]
+    assert tagged == [kept.server_id]
+    assert doomed.server_id not in {s.id for s in conn.compute.servers(details=True)}
+    later = (datetime.now(UTC) + timedelta(minutes=1)).isoformat()
+    assert list(conn.compute.servers(details=True, changes_since=later)) == []
+
+
+def test_no_valid_host_leaves_an_error_server_with_its_tags(sim, conn):
+    sim.nova.faults.no_valid_host = 1
+    created = conn.compute.create_server(**boot_args(conn), tags=[TAG])
+    server = conn.compute.get_server(created.id)
+    assert server.status == "ERROR"
+    assert server.fault["code"] == 500
+    assert server.fault["message"].startswith("No valid host was found.")
+    assert "created" in server.fault
+    assert server.tags == [TAG]
+
+
+# -- Nova's refusals as openstacksdk raises them ----------------------------------------------
+
+
+def test_quota_refusals_are_forbidden_with_novas_message(sim, conn):
+    sim.nova.quota.instances = 1
+    conn.compute.create_server(**boot_args(conn, "first"))
+    with pytest.raises(openstack.exceptions.ForbiddenException) as refused:
+        conn.compute.create_server(**boot_args(conn, "second"))
+    assert refused.value.status_code == 403
+    assert "Quota exceeded for instances: Requested 1, but already used 1 of 1 instances" in (
+        refused.value.details
+    )
+
+    sim.nova.quota.instances = None
+    sim.nova.quota.cores = 2
+    with pytest.raises(openstack.exceptions.ForbiddenException, match="Quota exceeded for cores"):
+        conn.compute.create_server(**boot_args(conn, "big", flavor_id="f-medium"))
+
+    sim.nova.quota.cores = None
+    sim.nova.quota.server_group_members = 2
+    group = conn.compute.find_server_group("workers-anti-affinity", ignore_missing=False)
+    for name in ("g1", "g2"):
+        conn.compute.create_server(**boot_args(conn, name), scheduler_hints={"group": group.id})
+    with pytest.raises(openstack.exceptions.ForbiddenException) as members:
+        conn.compute.create_server(**boot_args(conn, "g3"), scheduler_hints={"group": group.id})
+    assert "Quota exceeded, too many servers in group" in members.value.details
+
+    limits = conn.compute.get_limits().absolute
+    assert limits.server_group_members == 2
+    assert limits.instances_used == 3
+    quota = conn.compute.get_quota_set(conn.current_project_id, usage=True)
+    assert quota.instances == -1  # unlimited again
+    assert quota.usage["instances"] == 3
+
+
+def test_injected_5xx_and_lost_create_answers(sim, conn):
+    conn.compute.get_endpoint_data()  # discover before the cloud starts failing
+    sim.nova.faults.error_rate = 1.0
+    with pytest.raises(openstack.exceptions.HttpException) as unavailable:
+        list(conn.compute.servers())
+    assert unavailable.value.status_code == 503
+    sim.nova.faults.error_rate = 0.0
+
+    sim.nova.faults.lost_create_responses = 1
+    with pytest.raises(openstack.exceptions.HttpException) as lost:
+        conn.compute.create_server(**boot_args(conn, "lost"), tags=["osas-request=r9"])
+    assert lost.value.status_code == 502
+    # The server exists all the same; only a look-up by its request tag finds it.
+    found = list(conn.compute.servers(details=True, tags="osas-request=r9"))
+    assert [s.name for s in found] == ["lost"]
+
+
+def test_error_rate_is_repeatable():
+    def failures() -> list[int]:
+        with SimulatedOpenStack(FakeNova()) as simulated:
+            simulated.nova.faults.error_rate = 0.5
+            conn = connect(simulated)
+            try:
+                conn.compute.get_endpoint_data()
+                statuses = [conn.compute.get("/servers").status_code for _ in range(20)]
+            finally:
+                conn.close()
+        return [index for index, status in enumerate(statuses) if status == 503]
+
+    first = failures()
+    assert 0 < len(first) < 20
+    assert failures() == first
+
+
+# -- names resolved with openstacksdk's find_* ------------------------------------------------
+
+
+def test_resources_are_found_by_name(sim, conn):
+    assert conn.compute.find_flavor("m1.small", ignore_missing=False).id == "f-small"
+    gpu = conn.compute.find_flavor("g1.xlarge", ignore_missing=False, get_extra_specs=True)
+    assert gpu.extra_specs == {"resources:VGPU": "1"}
+    image = find_image(conn, "ubuntu-24.04")
+    assert image.id in {i.image_id for i in sim.images()}
+    network = conn.network.find_network("cluster-net", ignore_missing=False)
+    assert network.id in {n.network_id for n in sim.networks()}
+    assert conn.network.find_security_group("default", ignore_missing=False).name == "default"
+    group = conn.compute.find_server_group("workers-anti-affinity", ignore_missing=False)
+    assert group.policy == "anti-affinity"
+    assert conn.compute.find_keypair("ops", ignore_missing=False).name == "ops"
+    extra = sim.add_image("debian-13")
+    assert find_image(conn, "debian-13").id == extra.image_id
+    with pytest.raises(openstack.exceptions.NotFoundException):
+        conn.compute.find_flavor("m9.huge", ignore_missing=False)
+    assert [z.name for z in conn.compute.availability_zones()] == ["nova"]
+
+
+def test_glance_pages_with_its_next_link(sim, conn):
+    for index in range(30):
+        sim.add_image(f"extra-{index}")
+    sim.calls.clear()
+    names = [image.name for image in conn.image.images(limit=10)]
+    assert len(names) == len(set(names)) == 31
+    # Pages of 10, 10, 10 and 1 through Glance's "next", then the SDK's probe after a short page.
+    assert sim.calls["image.images.list"] == 5
+
+
+# -- the control API --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def slow_sim():
+    """Servers stay in BUILD until activated, as FakeNova leaves them by default."""
+    with SimulatedOpenStack() as simulated:
+        yield simulated
+
+
+def test_control_api_seeds_breaks_and_counts(slow_sim):
+    sim = slow_sim
+    conn = connect(sim)
+    try:
+        control_api_round(sim, conn)
+    finally:
+        conn.close()
+
+
+def control_api_round(sim, conn):
+    status, seeded = control(
+        sim, "POST", "/_sim/servers", {"name": "w", "tags": [TAG], "count": 3, "status": "BUILD"}
+    )
+    assert status == 201
+    assert [s["name"] for s in seeded["servers"]] == ["w-1", "w-2", "w-3"]
+    assert len(list(conn.compute.servers(details=True, tags=TAG))) == 3
+
+    status, activated = control(sim, "POST", "/_sim/activate", {})
+    assert status == 200
+    assert len(activated["activated"]) == 3
+
+    status, faults = control(sim, "POST", "/_sim/faults", {"quota_exceeded": 1, "latency": 0})
+    assert status == 200
+    assert faults["faults"]["quota_exceeded"] == 1
+    with pytest.raises(openstack.exceptions.ForbiddenException):
+        conn.compute.create_server(**boot_args(conn))
+    assert control(sim, "POST", "/_sim/faults", {"nonsense": 1})[0] == 400
+    assert control(sim, "POST", "/_sim/faults", {"error_rate": "high"})[0] == 400
+
+    status, calls = control(sim, "GET", "/_sim/calls")
+    assert calls["calls"]["compute.servers.create"] == 1
+    assert calls["calls"]["compute.servers.list"] == 1
+    assert control(sim, "POST", "/_sim/calls/reset")[0] == 204
+    assert control(sim, "GET", "/_sim/calls")[1] == {"calls": {}}
+
+    status, listed = control(sim, "GET", "/_sim/servers")
+    assert {s["status"] for s in listed["servers"]} == {"ACTIVE"}
+    doomed = listed["servers"][0]["id"]
+    assert control(sim, "DELETE", f"/_sim/servers/{doomed}")[0] == 204
+    assert len(control(sim, "GET", "/_sim/servers")[1]["servers"]) == 2
+    assert len(control(sim, "GET", "/_sim/servers?deleted=true")[1]["servers"]) == 3
+
+
+def test_run_sim_serves_until_stopped_and_writes_clouds_yaml(tmp_path, capsys, monkeypatch):
+    clouds = tmp_path / "clouds.yaml"
+    clouds.write_text(yaml.safe_dump({"clouds": {"other": {"region_name": "X"}}}))
+    stop = threading.Event()
+    runner = threading.Thread(target=run_sim, args=(0, clouds, 0.0, stop), daemon=True)
+    runner.start()
+    try:
+        for _ in range(200):
+            out = capsys.readouterr().out
+            if out:
+                break
+            stop.wait(0.02)
+        assert out.startswith("osas sim: keystone at http://127.0.0.1:")
+        auth_url = out.split(" at ", 1)[1].strip()
+        document = yaml.safe_load(clouds.read_text())
+        assert document["clouds"]["other"] == {"region_name": "X"}
+        entry = document["clouds"]["osas-sim"]
+        assert entry["auth"]["auth_url"] == auth_url
+        assert entry["identity_api_version"] == 3
+        assert stat.S_IMODE(clouds.stat().st_mode) == 0o600
+        monkeypatch.setenv("OS_CLIENT_CONFIG_FILE", str(clouds))
+        cloud = openstack.connect(cloud="osas-sim")
+        try:
+            assert list(cloud.compute.servers()) == []
+        finally:
+            cloud.close()
+    finally:
+        stop.set()
+        runner.join(timeout=10)
+    assert not runner.is_alive()
