@@ -6,6 +6,7 @@ import asyncio
 import base64
 import uuid
 
+import openstack.exceptions as sdk_exceptions
 import pytest
 from support import (
     CLUSTER,
@@ -24,8 +25,8 @@ from osas.cloud.errors import (
     RequestRejected,
 )
 from osas.cloud.fake import FakeNova
-from osas.cloud.openstack import OpenStackCloud
-from osas.cloud.openstack_settings import OpenStackAuth
+from osas.cloud.openstack import OpenStackCloud, _translate
+from osas.cloud.openstack_settings import OpenStackAuth, OpenStackSettings
 from osas.cloud.port import CreateServerRequest
 from osas.domain.servers import (
     META_CLUSTER,
@@ -231,3 +232,77 @@ async def test_foreign_servers_are_never_listed_reported_or_deleted(sim, tmp_pat
         await provider.stop()
     assert all(nova.get_server(s.server_id) is not None for s in foreign)
     assert sim.calls["compute.servers.delete"] == 0
+
+
+async def test_application_credentials_and_plain_os_variables(sim, monkeypatch):
+    entry = sim.clouds_yaml_entry(application_credential=True)
+    auth = OpenStackAuth(**entry["auth"])
+    assert auth.auth_type == "v3applicationcredential"
+    adapter = OpenStackCloud(settings_for(sim, auth=auth))
+    try:
+        assert "compute 2." in await adapter.verify()
+    finally:
+        await adapter.close()
+
+    # Neither a cloud nor an auth block: OS_* variables, as every OpenStack tool reads them.
+    password = sim.clouds_yaml_entry()["auth"]
+    for name, value in {
+        "OS_AUTH_URL": password["auth_url"],
+        "OS_USERNAME": password["username"],
+        "OS_PASSWORD": password["password"],
+        "OS_PROJECT_NAME": password["project_name"],
+        "OS_USER_DOMAIN_NAME": password["user_domain_name"],
+        "OS_PROJECT_DOMAIN_NAME": password["project_domain_name"],
+        "OS_REGION_NAME": "RegionOne",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("OS_CLOUD", raising=False)
+    adapter = OpenStackCloud(OpenStackSettings())
+    try:
+        assert "compute 2." in await adapter.verify()
+    finally:
+        await adapter.close()
+
+
+async def test_clouds_yaml_named_by_os_cloud(sim, tmp_path, monkeypatch):
+    clouds = tmp_path / "clouds.yaml"
+    sim.write_clouds_yaml(clouds, "osas-sim")
+    monkeypatch.setenv("OS_CLIENT_CONFIG_FILE", str(clouds))
+    monkeypatch.setenv("OS_CLOUD", "osas-sim")
+    adapter = OpenStackCloud(OpenStackSettings())
+    try:
+        assert "compute 2." in await adapter.verify()
+        assert await adapter.get_flavor("m1.small") is not None
+    finally:
+        await adapter.close()
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "error"),
+    [
+        (
+            403,
+            "Quota exceeded for cores: Requested 8, but already used 16 of 20 cores",
+            QuotaExceeded,
+        ),
+        (413, "Quota exceeded for instances", QuotaExceeded),
+        (403, "Policy does not allow os_compute_api:servers:create", RequestRejected),
+        (400, "Invalid flavorRef provided.", RequestRejected),
+        (500, "Unexpected API Error", CloudUnavailable),
+        (503, "Service Unavailable", CloudUnavailable),
+        (401, "The request you have made requires authentication.", CloudConfigurationError),
+    ],
+)
+def test_http_errors_translate_by_status_and_message(status, message, error):
+    exc = sdk_exceptions.HttpException(message=message, details=message, http_status=status)
+    translated = _translate(exc, ())
+    assert type(translated) is error
+    expected_class = ErrorClass.OUT_OF_RESOURCES if error is QuotaExceeded else ErrorClass.OTHER
+    assert translated.error_info().error_class is expected_class
+
+
+def test_translated_errors_never_carry_secrets():
+    exc = sdk_exceptions.HttpException(
+        message="bad request for password hunter2", details="hunter2 again", http_status=400
+    )
+    assert "hunter2" not in str(_translate(exc, ("hunter2",)))
