@@ -30,6 +30,7 @@ from osas.service.server import ProviderServer
 logger = structlog.get_logger(__name__)
 
 LogFormat = Literal["json", "console"]
+_QUIET_LIBRARIES = ("keystoneauth", "keystoneauth1", "openstack", "urllib3", "stevedore")
 _FIRST_SYNC_MAX_BACKOFF = 30.0
 # The fake cloud served by `osas serve` turns BUILD servers ACTIVE after this long.
 _FAKE_BUILD_SECONDS = 5.0
@@ -68,6 +69,9 @@ def configure_logging(level: str = "info", fmt: LogFormat = "json") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # Their debug output carries request bodies and token fingerprints: never below WARNING.
+    for name in _QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(max(logging.WARNING, root.level))
 
 
 def build_cloud(config: OsasConfig) -> Cloud:

@@ -4,6 +4,7 @@ environment variables (``__`` between nested keys), validated whole before anyth
 from __future__ import annotations
 
 import base64
+import ipaddress
 import os
 import re
 from datetime import timedelta
@@ -43,7 +44,7 @@ from osas.domain.specs import (
     TaintEffect,
 )
 from osas.engine.settings import EngineSettings
-from osas.service.settings import ServerSettings, TlsFiles
+from osas.service.settings import ServerSettings, TlsFiles, TransportSettings
 
 ENV_PREFIX = "OSAS_"
 CONFIG_ENV = f"{ENV_PREFIX}CONFIG"
@@ -98,6 +99,42 @@ class TlsConfig(_Strict):
     cert_file: Path
     key_file: Path
     client_ca_file: Path
+    # Client identities allowed to call: "dns:NAME", "uri:URI" (SANs) or "cn:NAME".
+    allowed_clients: list[Annotated[str, Field(pattern=r"^(dns|uri|cn):\S+$")]] = []
+
+
+class TransportConfig(_Strict):
+    max_concurrent_rpcs: int = Field(256, ge=1, le=10_000)
+    max_connection_age: Duration = timedelta(minutes=10)
+    max_connection_age_grace: Duration = timedelta(seconds=30)
+    keepalive_time: Duration = timedelta(minutes=1)
+    keepalive_timeout: Duration = timedelta(seconds=20)
+
+    @model_validator(mode="after")
+    def _positive(self) -> Self:
+        for name in ("max_connection_age", "keepalive_time", "keepalive_timeout"):
+            if getattr(self, name) <= timedelta(0):
+                raise ValueError(f"{name} must be positive")
+        return self
+
+    def settings(self) -> TransportSettings:
+        return TransportSettings(
+            max_concurrent_rpcs=self.max_concurrent_rpcs,
+            max_connection_age=self.max_connection_age.total_seconds(),
+            max_connection_age_grace=self.max_connection_age_grace.total_seconds(),
+            keepalive_time=self.keepalive_time.total_seconds(),
+            keepalive_timeout=self.keepalive_timeout.total_seconds(),
+        )
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _reveal(secret: SecretStr | None) -> str | None:
@@ -334,6 +371,9 @@ class OsasConfig(BaseSettings):
     health_listen: str = Field("0.0.0.0:8087", pattern=_ADDRESS_RE.pattern)
     tls: TlsConfig | None = None
     insecure: bool = False
+    # Plaintext on an address other hosts can reach needs this second, explicit choice.
+    insecure_non_loopback: bool = False
+    transport: TransportConfig = TransportConfig()
     cloud_backend: Literal["openstack", "fake"] = "openstack"
     openstack: OpenStackConfig = OpenStackConfig()
     provider_id_region: str = Field("", pattern=r"^[^/\s]*$")
@@ -361,6 +401,11 @@ class OsasConfig(BaseSettings):
             raise ValueError("both 'tls' and 'insecure: true' are set; choose one")
         if self.tls is None and not self.insecure:
             raise ValueError("'tls' is required (or set 'insecure: true' to serve plaintext)")
+        if self.insecure and not self.insecure_non_loopback and not _is_loopback(self.listen):
+            raise ValueError(
+                f"listen {self.listen} is not a loopback address: serving plaintext there "
+                "also needs 'insecure_non_loopback: true'"
+            )
         if self.listen == self.health_listen and not self.listen.endswith(":0"):
             raise ValueError("listen and health_listen must differ")
         seen: set[str] = set()
@@ -399,8 +444,18 @@ class OsasConfig(BaseSettings):
         return ServerSettings(
             listen=self.listen,
             health_listen=self.health_listen,
-            tls=TlsFiles(tls.cert_file, tls.key_file, tls.client_ca_file) if tls else None,
+            tls=(
+                TlsFiles(
+                    tls.cert_file,
+                    tls.key_file,
+                    tls.client_ca_file,
+                    allowed_clients=tuple(tls.allowed_clients),
+                )
+                if tls
+                else None
+            ),
             shutdown_grace=self.shutdown_grace.total_seconds(),
+            transport=self.transport.settings(),
         )
 
 

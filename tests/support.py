@@ -21,6 +21,7 @@ from osas.cloud.openstack_settings import OpenStackAuth, OpenStackSettings
 from osas.cloud.port import Cloud
 from osas.config import OsasConfig, load_config
 from osas.demo.client import CaClient, ClientTls, connect
+from osas.domain.limits import NodeInfo
 from osas.domain.servers import META_CLUSTER, META_GROUP, TAG_CLUSTER_PREFIX
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.sim import SimulatedOpenStack
@@ -239,3 +240,8 @@ def seed_ours(nova: FakeNova, count: int, group: str = "workers") -> list[str]:
         ).server_id
         for index in range(count)
     ]
+
+
+def nodes(pairs: list[tuple[str, str]]) -> list[NodeInfo]:
+    """Nodes as CA names them in DeleteNodes: (name, provider id)."""
+    return [NodeInfo(name, pid) for name, pid in pairs]

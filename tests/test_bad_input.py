@@ -172,11 +172,45 @@ async def test_node_group_for_node_never_errors_for_strangers(world):
         ("n", f"openstack://RegionOne/{world.workers[0]}"),
         (f"{CLUSTER}-workers-9", ""),  # the foreign look-alike, by name
         ("", ""),
-        ("x" * 5000, "y" * 5000),
     ]
     for name, pid in strangers:
         group = await ca.group_for_node(name, pid)
         assert group.id == ""
+
+
+async def test_oversized_nodes_are_refused_everywhere(world):
+    ca = world.ca
+    w0 = provider_id(world.workers[0])
+    too_long = ("x" * 254, "")
+    await refused(world, INVALID, ca.group_for_node(*too_long))
+    await refused(world, INVALID, ca.delete("workers", [too_long]))
+    many = [node(provider_id(str(uuid.uuid4()))) for _ in range(1001)]
+    details = await refused(world, INVALID, ca.delete("workers", many))
+    assert "at most 1000" in details
+    stub = ca.stub
+    hostile = [
+        pb.ExternalGrpcNode(providerID=w0, labels={f"k{i}": "v" for i in range(513)}),
+        pb.ExternalGrpcNode(providerID=w0, labels={"k": "v" * 64}),
+        pb.ExternalGrpcNode(providerID=w0, annotations={"a": "v" * (256 * 1024 + 1)}),
+        pb.ExternalGrpcNode(providerID=w0, annotations={"k" * 318: "v"}),
+    ]
+    for bad in hostile:
+        request = pb.NodeGroupForNodeRequest(node=bad)
+        await refused(world, INVALID, stub.NodeGroupForNode(request))
+        delete = pb.NodeGroupDeleteNodesRequest(id="workers", nodes=[bad])
+        await refused(world, INVALID, stub.NodeGroupDeleteNodes(delete))
+    details = await refused(world, INVALID, ca.target_size("w" * 64))
+    assert "longer than 63" in details
+
+
+async def test_undecodable_requests_are_invalid_arguments(world):
+    channel = world.ca.channel
+    for method in ("NodeGroups", "NodeGroupDeleteNodes", "NodeGroupIncreaseSize"):
+        call = channel.unary_unary(
+            f"/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/{method}"
+        )
+        details = await refused(world, INVALID, call(b"\xff\xff\xff\xff"))
+        assert "not a valid" in details
 
 
 async def test_template_unknown_flavor_is_unimplemented(tmp_path):

@@ -234,7 +234,9 @@ def test_tls_block_missing_a_file(tmp_path, key):
 
 
 def test_listen_equal_to_health_listen(tmp_path):
-    data = config_data(listen="0.0.0.0:8086", health_listen="0.0.0.0:8086")
+    data = config_data(
+        listen="0.0.0.0:8086", health_listen="0.0.0.0:8086", insecure_non_loopback=True
+    )
     expect_problem(tmp_path, data, "(top level)", "listen and health_listen must differ")
 
 
@@ -253,7 +255,42 @@ def test_bad_listen_address(tmp_path, key, bad):
 
 @pytest.mark.parametrize("good", ["0.0.0.0:8086", "[::]:8086", "localhost:8086", "10.0.0.1:1"])
 def test_good_listen_address(tmp_path, good):
-    assert load(tmp_path, config_data(listen=good)).listen == good
+    data = config_data(listen=good, insecure_non_loopback=True)
+    assert load(tmp_path, data).listen == good
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0:8086", "[::]:8086", "10.0.0.1:1", "osas:8086"])
+def test_plaintext_beyond_loopback_needs_a_second_setting(tmp_path, address):
+    expect_problem(
+        tmp_path, config_data(listen=address), "(top level)", "insecure_non_loopback: true"
+    )
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:8086", "127.9.9.9:1", "[::1]:8086", "localhost:1"])
+def test_plaintext_on_loopback_needs_nothing_more(tmp_path, address):
+    assert load(tmp_path, config_data(listen=address)).insecure
+
+
+def test_tls_may_listen_anywhere(tmp_path):
+    tls = {"cert_file": "c", "key_file": "k", "client_ca_file": "ca"}
+    config = load(tmp_path, config_data(listen="0.0.0.0:8086", insecure=False, tls=tls))
+    assert config.server_settings().tls is not None
+
+
+@pytest.mark.parametrize("bad", ["cluster-autoscaler", "dns:", "spiffe://x", "ip:10.0.0.1"])
+def test_allowed_clients_name_their_kind(tmp_path, bad):
+    tls = {"cert_file": "c", "key_file": "k", "client_ca_file": "ca", "allowed_clients": [bad]}
+    expect_problem(
+        tmp_path, config_data(insecure=False, tls=tls), "tls.allowed_clients[0]", "pattern"
+    )
+
+
+def test_transport_settings_reach_the_server(tmp_path):
+    transport = {"max_concurrent_rpcs": 32, "max_connection_age": "2m", "keepalive_time": "30s"}
+    settings = load(tmp_path, config_data(transport=transport)).server_settings().transport
+    assert settings.max_concurrent_rpcs == 32
+    assert settings.max_connection_age == 120.0
+    assert settings.keepalive_time == 30.0
 
 
 @pytest.mark.parametrize(

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from support import CLUSTER, Provider, eventually, make_config, provider_id, running
+from support import CLUSTER, Provider, eventually, make_config, nodes, provider_id, running
 
 from osas.cloud.errors import CloudUnavailable
 from osas.cloud.fake import FakeCloud, FakeNova
 from osas.domain.errors import NotReady
 from osas.domain.inventory import InstanceState
+from osas.domain.limits import NodeInfo
 from osas.domain.servers import META_CLUSTER, META_GROUP, TAG_CLUSTER_PREFIX
 
 TAG = f"{TAG_CLUSTER_PREFIX}{CLUSTER}"
@@ -72,7 +73,7 @@ async def test_incremental_sync_sees_changes_and_our_deletions(tmp_path):
         assert nova.calls["servers.list"] == calls_before + 1
         assert app.inventory.server(added) is not None
         nova.activate()
-        app.controller.delete_nodes("workers", [("kept", provider_id(kept))])
+        app.controller.delete_nodes("workers", nodes([("kept", provider_id(kept))]))
         await eventually(
             lambda: app.inventory.server(kept) is not None and not nova.get_server(kept)
         )
@@ -116,9 +117,10 @@ async def test_foreign_servers_are_never_reported_or_deleted(tmp_path):
         assert controller.nodes("workers") == []
         for server in look_alikes:
             assert (
-                controller.node_group_for_node(server.name, provider_id(server.server_id)) is None
+                controller.node_group_for_node(NodeInfo(server.name, provider_id(server.server_id)))
+                is None
             )
-            assert controller.node_group_for_node(server.name, "") is None
+            assert controller.node_group_for_node(NodeInfo(server.name, "")) is None
     assert len(nova.live_servers()) == len(look_alikes)
     assert nova.calls["servers.delete"] == 0
 
@@ -129,7 +131,7 @@ async def test_delete_refused_when_marks_changed_since_the_sync(tmp_path):
     ours(nova, name="b")
     async with running(make_config(tmp_path), FakeCloud(nova)) as provider:
         nova.get_server(server_id).metadata[META_CLUSTER] = "someone-else"
-        provider.app.controller.delete_nodes("workers", [("a", provider_id(server_id))])
+        provider.app.controller.delete_nodes("workers", nodes([("a", provider_id(server_id))]))
         await eventually(lambda: not provider.app.queue.in_hand_count(), what="delete handled")
         assert nova.get_server(server_id) is not None
         assert nova.calls["servers.delete"] == 0
@@ -191,7 +193,9 @@ async def test_faulty_cloud_scale_up_then_down_converges(tmp_path):
         # Creates that failed after their retries are reported as failed; CA deletes those.
         failed = [i for i in app.controller.nodes("workers") if i.error is not None]
         if failed:
-            app.controller.delete_nodes("workers", [(i.instance_id, i.instance_id) for i in failed])
+            app.controller.delete_nodes(
+                "workers", nodes([(i.instance_id, i.instance_id) for i in failed])
+            )
         await sync_despite_faults(provider)
         live = {s.server_id for s in nova.live_servers()}
         assert app.controller.target_size("workers") == len(live)
@@ -201,7 +205,7 @@ async def test_faulty_cloud_scale_up_then_down_converges(tmp_path):
             for i in app.controller.nodes("workers")
             if i.state != InstanceState.DELETING
         ]
-        app.controller.delete_nodes("workers", [("n", pid) for pid in running_ids[1:]])
+        app.controller.delete_nodes("workers", nodes([("n", pid) for pid in running_ids[1:]]))
         assert app.controller.target_size("workers") == 1
         # Deletes that failed for good are sent again by the syncs that still see the server.
         for _ in range(200):
@@ -231,7 +235,7 @@ async def test_failed_delete_is_sent_again_by_the_reconciler(tmp_path):
     async with running(config, FakeCloud(nova)) as provider:
         app = provider.app
         nova.faults.error_rate = 1.0  # every attempt of the delete fails
-        app.controller.delete_nodes("workers", [("doomed", provider_id(doomed))])
+        app.controller.delete_nodes("workers", nodes([("doomed", provider_id(doomed))]))
         await eventually(lambda: not app.queue.in_hand_count(), what="delete given up")
         assert nova.get_server(doomed) is not None
         assert app.controller.target_size("workers") == 1  # still counted as going

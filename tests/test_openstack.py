@@ -13,6 +13,7 @@ from support import (
     Provider,
     eventually,
     make_config,
+    nodes,
     provider_id,
     seed_ours,
     settings_for,
@@ -28,6 +29,7 @@ from osas.cloud.fake import FakeNova
 from osas.cloud.openstack import OpenStackCloud, _translate
 from osas.cloud.openstack_settings import OpenStackAuth, OpenStackSettings
 from osas.cloud.port import CreateServerRequest
+from osas.domain.limits import NodeInfo
 from osas.domain.servers import (
     META_CLUSTER,
     META_GROUP,
@@ -191,7 +193,7 @@ async def test_incremental_sync_sees_creates_updates_and_deletions(sim, tmp_path
         sim.nova.activate(created.server_id)
         await provider.sync(full=False)
         assert app.inventory.server(created.server_id).status == "ACTIVE"
-        app.controller.delete_nodes("workers", [("n", provider_id(doomed))])
+        app.controller.delete_nodes("workers", nodes([("n", provider_id(doomed))]))
         await eventually(lambda: sim.nova.get_server(doomed) is None, what="deleted in Nova")
         sim.calls.clear()
         await provider.sync(full=False)
@@ -226,8 +228,10 @@ async def test_foreign_servers_are_never_listed_reported_or_deleted(sim, tmp_pat
         controller = provider.app.controller
         assert [i.instance_id for i in controller.nodes("workers")] == [provider_id(ours)]
         for server in foreign:
-            assert controller.node_group_for_node(server.name, "") is None
-            assert controller.node_group_for_node("n", provider_id(server.server_id)) is None
+            assert controller.node_group_for_node(NodeInfo(server.name, "")) is None
+            assert (
+                controller.node_group_for_node(NodeInfo("n", provider_id(server.server_id))) is None
+            )
     finally:
         await provider.stop()
     assert all(nova.get_server(s.server_id) is not None for s in foreign)

@@ -24,11 +24,13 @@ from osas.domain.ids import (
     placeholder_id,
 )
 from osas.domain.inventory import CreateStage, Inventory
+from osas.domain.limits import check_group_id
 from osas.domain.servers import Server
 from osas.domain.specs import ClusterSpec, NodeGroupSpec
 
 
 def require_group(cluster: ClusterSpec, group_id: str) -> NodeGroupSpec:
+    check_group_id(group_id)
     spec = cluster.group(group_id)
     if spec is None:
         raise NodeGroupNotFound(f"node group {group_id!r} is not configured")

@@ -4,7 +4,7 @@ or turned into queued work, with the decisions taken in the domain."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from decimal import Decimal
 
 import anyio
@@ -12,6 +12,7 @@ import structlog
 
 from osas.domain.errors import NodeNotFound, NotReady, NotSupported
 from osas.domain.inventory import Instance, Inventory
+from osas.domain.limits import NodeInfo, check_node, check_nodes
 from osas.domain.options import AutoscalingOptions, group_options
 from osas.domain.pricing import node_price, pod_price
 from osas.domain.sizing import plan_decrease, plan_delete, plan_increase, require_group
@@ -49,9 +50,10 @@ class Controller:
         self.check_ready()
         return self.cluster.node_groups
 
-    def node_group_for_node(self, name: str, provider_id: str) -> NodeGroupSpec | None:
+    def node_group_for_node(self, node: NodeInfo) -> NodeGroupSpec | None:
         self.check_ready()
-        group_id = self.inventory.group_for_node(name, provider_id)
+        check_node(node)
+        group_id = self.inventory.group_for_node(node.name, node.provider_id)
         return None if group_id is None else self.cluster.group(group_id)
 
     def target_size(self, group_id: str) -> int:
@@ -85,14 +87,12 @@ class Controller:
         self.check_ready()
         return self.cluster.gpu_types
 
-    def node_price(
-        self, name: str, provider_id: str, labels: Mapping[str, str], start: float, end: float
-    ) -> float:
+    def node_price(self, node: NodeInfo, start: float, end: float) -> float:
         self.check_ready()
-        spec = self.node_group_for_node(name, provider_id)
+        spec = self.node_group_for_node(node)
         if spec is None:
             # Template nodes of the price expander carry no provider id: match the flavor.
-            instance_type = labels.get(LABEL_INSTANCE_TYPE)
+            instance_type = node.labels.get(LABEL_INSTANCE_TYPE)
             spec = next(
                 (
                     g
@@ -103,7 +103,7 @@ class Controller:
                 None,
             )
         if spec is None:
-            raise NodeNotFound(f"node {provider_id or name!r} is not of any node group")
+            raise NodeNotFound(f"node {node.provider_id or node.name!r} is not of any node group")
         flavor = self.inventory.flavor(spec.group_id)
         return node_price(spec, flavor, self.cluster.pricing, start, end)
 
@@ -131,9 +131,11 @@ class Controller:
             target=self.inventory.target_size(group_id),
         )
 
-    def delete_nodes(self, group_id: str, nodes: Sequence[tuple[str, str]]) -> None:
+    def delete_nodes(self, group_id: str, nodes: list[NodeInfo]) -> None:
         self.check_ready()
-        plan = plan_delete(self.cluster, self.inventory, group_id, nodes)
+        check_nodes(nodes)
+        pairs = [(node.name, node.provider_id) for node in nodes]
+        plan = plan_delete(self.cluster, self.inventory, group_id, pairs)
         tasks = [DeleteTask(server_id, group_id) for server_id in plan.servers]
         self.queue.ensure_room(len(tasks))
         now = anyio.current_time()

@@ -33,7 +33,7 @@ class CloudProviderServicer(pb_grpc.CloudProviderServicer):
     async def NodeGroupForNode(
         self, request: pb.NodeGroupForNodeRequest, context: Context
     ) -> pb.NodeGroupForNodeResponse:
-        spec = self._controller.node_group_for_node(request.node.name, request.node.providerID)
+        spec = self._controller.node_group_for_node(translate.node_info(request.node))
         if spec is None:
             return pb.NodeGroupForNodeResponse(nodeGroup=pb.NodeGroup(id=""))
         return pb.NodeGroupForNodeResponse(nodeGroup=translate.node_group(spec))
@@ -44,8 +44,7 @@ class CloudProviderServicer(pb_grpc.CloudProviderServicer):
     ) -> pb.PricingNodePriceResponse:
         self._controller.check_ready()  # before the request is parsed, as for every RPC
         start, end = translate.price_period(request)
-        node = request.node
-        price = self._controller.node_price(node.name, node.providerID, node.labels, start, end)
+        price = self._controller.node_price(translate.node_info(request.node), start, end)
         return pb.PricingNodePriceResponse(price=price)
 
     @translate_errors
@@ -96,7 +95,7 @@ class CloudProviderServicer(pb_grpc.CloudProviderServicer):
     async def NodeGroupDeleteNodes(
         self, request: pb.NodeGroupDeleteNodesRequest, context: Context
     ) -> pb.NodeGroupDeleteNodesResponse:
-        nodes = [(node.name, node.providerID) for node in request.nodes]
+        nodes = [translate.node_info(node) for node in request.nodes]
         self._controller.delete_nodes(request.id, nodes)
         return pb.NodeGroupDeleteNodesResponse()
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -11,6 +11,22 @@ class TlsFiles:
     cert_file: Path
     key_file: Path
     client_ca_file: Path
+    # Client identities allowed to call ("dns:NAME", "uri:URI", "cn:NAME"); empty: any client
+    # with a certificate from client_ca_file.
+    allowed_clients: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TransportSettings:
+    # CA accepts at most 4 MiB per response; its requests are far smaller.
+    max_message_bytes: int = 4 * 1024 * 1024
+    max_concurrent_rpcs: int = 256
+    # Connections are sent away after this long, so that clients handshake again and pick up
+    # rotated certificates; calls in flight get the grace period to finish.
+    max_connection_age: float = 600.0
+    max_connection_age_grace: float = 30.0
+    keepalive_time: float = 60.0
+    keepalive_timeout: float = 20.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,3 +35,4 @@ class ServerSettings:
     health_listen: str
     tls: TlsFiles | None  # None only when the operator chose plaintext explicitly
     shutdown_grace: float = 20.0
+    transport: TransportSettings = field(default_factory=TransportSettings)

@@ -10,6 +10,7 @@ from google.protobuf.message import DecodeError
 
 from osas.domain.errors import InvalidRequest
 from osas.domain.inventory import Instance
+from osas.domain.limits import NodeInfo
 from osas.domain.options import AutoscalingOptions
 from osas.domain.pricing import effective_requests
 from osas.domain.specs import NodeGroupSpec
@@ -18,6 +19,10 @@ from osas.protocol import externalgrpc_pb2 as pb
 from osas.protocol import k8s_pb2 as k8s
 
 _NANOS_PER_SECOND = 1_000_000_000
+
+
+def node_info(node: pb.ExternalGrpcNode) -> NodeInfo:
+    return NodeInfo(node.name, node.providerID, dict(node.labels), dict(node.annotations))
 
 
 def node_group(spec: NodeGroupSpec) -> pb.NodeGroup:

