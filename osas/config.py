@@ -32,6 +32,7 @@ from pydantic_settings import (
 from osas.cloud.openstack_settings import OpenStackAuth as CloudAuth
 from osas.cloud.openstack_settings import OpenStackSettings
 from osas.domain.ids import NAME_MAX_LENGTH, NAME_PATTERN, ProviderIdFormat
+from osas.domain.limits import MAX_GROUP_SIZE
 from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST
 from osas.domain.specs import (
     BootVolume,
@@ -281,8 +282,8 @@ class OptionsConfig(_Strict):
 
 class NodeGroupConfig(_Strict):
     id: Name
-    min_size: int = Field(ge=0, le=10_000)
-    max_size: int = Field(ge=0, le=10_000)
+    min_size: int = Field(ge=0, le=MAX_GROUP_SIZE)
+    max_size: int = Field(ge=0, le=MAX_GROUP_SIZE)
     flavor: str = Field(min_length=1)
     image: str = Field(min_length=1)
     networks: list[str] = Field(min_length=1)

@@ -7,8 +7,12 @@ from datetime import timedelta
 import pytest
 from support import ca_client, make_config, running
 
+from osas.domain.inventory import Instance, InstanceState
+from osas.domain.limits import MAX_GROUP_SIZE
+from osas.domain.servers import ErrorClass, ErrorInfo
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.protocol import k8s_pb2 as k8s
+from osas.service.translate import instance
 
 GIB = 1024**3
 
@@ -151,3 +155,14 @@ async def test_pod_price_from_requests(ca, legacy):
         )
     response = await ca.stub.PricingPodPrice(request)
     assert response.price == pytest.approx(1 * 0.02 + 3 * 0.01)
+
+
+def test_the_largest_node_group_answer_fits_in_what_ca_accepts():
+    worst = ErrorInfo("ServerError500", "x" * 10_000, ErrorClass.OTHER)
+    response = pb.NodeGroupNodesResponse(
+        instances=[
+            instance(Instance(f"osas://{'g' * 40}/{index:032x}", InstanceState.CREATING, worst))
+            for index in range(int(MAX_GROUP_SIZE * 1.2))
+        ]
+    )
+    assert response.ByteSize() < 4 * 1024 * 1024

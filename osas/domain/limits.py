@@ -18,6 +18,11 @@ MAX_MAP_ENTRIES = 512
 MAX_KEY_LENGTH = 317
 MAX_LABEL_VALUE_LENGTH = 63
 MAX_ANNOTATIONS_BYTES = 256 * 1024
+# Answers must stay under the 4 MiB CA accepts. NodeGroupNodes is the only one that grows:
+# max_size is capped at 10,000 and each instance carries at most an id (< 100 bytes) and an
+# error message cut to this length, so even 12,000 instances with errors fit.
+MAX_GROUP_SIZE = 10_000
+MAX_ERROR_MESSAGE_LENGTH = 200
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from google.protobuf.message import DecodeError
 
 from osas.domain.errors import InvalidRequest
 from osas.domain.inventory import Instance
-from osas.domain.limits import NodeInfo
+from osas.domain.limits import MAX_ERROR_MESSAGE_LENGTH, NodeInfo
 from osas.domain.options import AutoscalingOptions
 from osas.domain.pricing import effective_requests
 from osas.domain.specs import NodeGroupSpec
@@ -37,7 +37,7 @@ def instance(item: Instance) -> pb.Instance:
         status.errorInfo.CopyFrom(
             pb.InstanceErrorInfo(
                 errorCode=item.error.code,
-                errorMessage=item.error.message,
+                errorMessage=item.error.message[:MAX_ERROR_MESSAGE_LENGTH],
                 instanceErrorClass=int(item.error.error_class),
             )
         )
