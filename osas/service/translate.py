@@ -19,6 +19,8 @@ from osas.protocol import externalgrpc_pb2 as pb
 from osas.protocol import k8s_pb2 as k8s
 
 _NANOS_PER_SECOND = 1_000_000_000
+# Durations CA sends are minutes; anything negative or beyond this is not a real default.
+_LONGEST_DURATION = timedelta(days=3650)
 
 
 def node_info(node: pb.ExternalGrpcNode) -> NodeInfo:
@@ -70,11 +72,18 @@ def template_response(template: NodeTemplate) -> pb.NodeGroupTemplateNodeInfoRes
 
 
 def _duration(options: pb.NodeGroupAutoscalingOptions, new: str, legacy: str) -> timedelta:
-    if options.HasField(new):
-        value: Duration = getattr(options, new)
-        return value.ToTimedelta()
-    nanos: int = getattr(options, legacy).duration
-    return timedelta(microseconds=nanos // 1000)
+    try:
+        if options.HasField(new):
+            value: Duration = getattr(options, new)
+            duration = value.ToTimedelta()
+        else:
+            nanos: int = getattr(options, legacy).duration
+            duration = timedelta(microseconds=nanos // 1000)
+    except (OverflowError, ValueError) as exc:
+        raise InvalidRequest(f"default {new} is out of range") from exc
+    if not timedelta(0) <= duration <= _LONGEST_DURATION:
+        raise InvalidRequest(f"default {new} is out of range: {duration}")
+    return duration
 
 
 def options_from(message: pb.NodeGroupAutoscalingOptions) -> AutoscalingOptions:
