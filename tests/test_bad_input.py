@@ -262,6 +262,13 @@ async def test_pricing_bad_requests(tmp_path):
             pod_bytes=b"\xff\xff\xff", startTimestamp={"seconds": 0}, endTimestamp={"seconds": 5}
         )
         await expect_status(INVALID, stub.PricingPodPrice(garbage))
+        # proto2 lets a non-UTF-8 string decode; found by the property tests.
+        not_utf8 = pb.PricingPodPriceRequest(
+            pod_bytes=b"\x12\r\x82\x02\n\n\x03\x00\x00\x00\n\x03\x00\x00\x80",
+            startTimestamp={"seconds": 0},
+            endTimestamp={"seconds": 5},
+        )
+        await expect_status(INVALID, stub.PricingPodPrice(not_utf8))
         unknown = pb.PricingNodePriceRequest(
             node=pb.ExternalGrpcNode(providerID=provider_id(str(uuid.uuid4()))),
             startTimestamp={"seconds": 0},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import timedelta
 from decimal import Decimal
 
@@ -155,10 +156,22 @@ def pod_requests(message: pb.PricingPodPriceRequest) -> dict[str, Decimal]:
         raise InvalidRequest("pod is not a serialised Kubernetes Pod") from exc
 
     def requests(container: k8s.Container) -> dict[str, str]:
-        return {name: q.string for name, q in container.resources.requests.items()}
+        return _quantities(container.resources.requests.items())
 
     return effective_requests(
         [requests(c) for c in pod.spec.containers],
         [requests(c) for c in pod.spec.initContainers],
-        {name: q.string for name, q in pod.spec.overhead.items()},
+        _quantities(pod.spec.overhead.items()),
     )
+
+
+def _quantities(items: Iterable[tuple[str, k8s.Quantity]]) -> dict[str, str]:
+    """A resource map of a decoded Pod. Kubernetes' messages are proto2, where a string that is
+    not UTF-8 still decodes (as bytes, or an error when read): refuse those here."""
+    try:
+        result = {name: quantity.string for name, quantity in items}
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest("pod resource names are not UTF-8") from exc
+    if not all(isinstance(v, str) and isinstance(k, str) for k, v in result.items()):
+        raise InvalidRequest("pod resource quantities are not UTF-8")
+    return result
