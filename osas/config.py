@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, Self
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -88,7 +89,14 @@ def _parse_duration(value: Any) -> Any:
     return value
 
 
+def _positive(value: timedelta) -> timedelta:
+    if value <= timedelta(0):
+        raise ValueError("must be positive")
+    return value
+
+
 Duration = Annotated[timedelta, BeforeValidator(_parse_duration)]
+PositiveDuration = Annotated[timedelta, BeforeValidator(_parse_duration), AfterValidator(_positive)]
 Name = Annotated[str, Field(pattern=NAME_PATTERN, max_length=NAME_MAX_LENGTH)]
 
 
@@ -106,17 +114,10 @@ class TlsConfig(_Strict):
 
 class TransportConfig(_Strict):
     max_concurrent_rpcs: int = Field(256, ge=1, le=10_000)
-    max_connection_age: Duration = timedelta(minutes=10)
+    max_connection_age: PositiveDuration = timedelta(minutes=10)
     max_connection_age_grace: Duration = timedelta(seconds=30)
-    keepalive_time: Duration = timedelta(minutes=1)
-    keepalive_timeout: Duration = timedelta(seconds=20)
-
-    @model_validator(mode="after")
-    def _positive(self) -> Self:
-        for name in ("max_connection_age", "keepalive_time", "keepalive_timeout"):
-            if getattr(self, name) <= timedelta(0):
-                raise ValueError(f"{name} must be positive")
-        return self
+    keepalive_time: PositiveDuration = timedelta(minutes=1)
+    keepalive_timeout: PositiveDuration = timedelta(seconds=20)
 
     def settings(self) -> TransportSettings:
         return TransportSettings(
@@ -172,7 +173,7 @@ class OpenStackConfig(_Strict):
     interface: Literal["public", "internal", "admin"] | None = None
     verify: bool = True
     cacert: Path | None = None
-    api_timeout: Duration = timedelta(seconds=30)
+    api_timeout: PositiveDuration = timedelta(seconds=30)
     concurrency: int = Field(4, ge=1, le=32)
     rate_limit: float = Field(20.0, gt=0, le=1000, description="calls per second")
     attempts: int = Field(4, ge=1, le=10)
@@ -209,26 +210,21 @@ class OpenStackConfig(_Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:
-        if self.api_timeout <= timedelta(0):
-            raise ValueError("api_timeout must be positive")
         if self.cloud and self.auth:
             raise ValueError("give either 'cloud' (clouds.yaml) or 'auth', not both")
         return self
 
 
 class ReconcileConfig(_Strict):
-    interval: Duration = timedelta(seconds=10)
+    interval: PositiveDuration = timedelta(seconds=10)
     full_resync_interval: Duration = timedelta(minutes=5)
     max_inventory_age: Duration = timedelta(minutes=3)
-    retry_backoff: Duration = timedelta(seconds=1)
+    retry_backoff: PositiveDuration = timedelta(seconds=1)
     # A delete that failed for good is sent again when the server is still listed this long after.
-    delete_retry_after: Duration = timedelta(minutes=2)
+    delete_retry_after: PositiveDuration = timedelta(minutes=2)
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
-        for name in ("interval", "retry_backoff", "delete_retry_after"):
-            if getattr(self, name) <= timedelta(0):
-                raise ValueError(f"{name} must be positive")
         if self.full_resync_interval < self.interval:
             raise ValueError("full_resync_interval must not be shorter than interval")
         if self.max_inventory_age <= self.interval:
@@ -261,23 +257,12 @@ class BootVolumeConfig(_Strict):
 class OptionsConfig(_Strict):
     scale_down_utilization_threshold: float | None = Field(None, ge=0, le=1)
     scale_down_gpu_utilization_threshold: float | None = Field(None, ge=0, le=1)
-    scale_down_unneeded_time: Duration | None = None
-    scale_down_unready_time: Duration | None = None
-    max_node_provision_time: Duration | None = None
+    # Positive: CA uses an answer verbatim, and a 0 there deletes new nodes at once.
+    scale_down_unneeded_time: PositiveDuration | None = None
+    scale_down_unready_time: PositiveDuration | None = None
+    max_node_provision_time: PositiveDuration | None = None
     zero_or_max_node_scaling: bool | None = None
     ignore_daemonsets_utilization: bool | None = None
-
-    @model_validator(mode="after")
-    def _positive(self) -> Self:
-        for name in ("scale_down_unneeded_time", "scale_down_unready_time"):
-            value = getattr(self, name)
-            if value is not None and value <= timedelta(0):
-                raise ValueError(f"{name} must be positive (CA would use 0 verbatim)")
-        if self.max_node_provision_time is not None and self.max_node_provision_time <= timedelta(
-            0
-        ):
-            raise ValueError("max_node_provision_time must be positive (CA would use 0 verbatim)")
-        return self
 
 
 class NodeGroupConfig(_Strict):

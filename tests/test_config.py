@@ -400,7 +400,7 @@ def test_user_data_just_under_the_nova_limit_is_allowed(tmp_path):
 @pytest.mark.parametrize("value", [0, -30, "0s", "0m"])
 def test_option_duration_not_positive(tmp_path, key, value):
     data = group(1, options={key: value})
-    expect_problem(tmp_path, data, f"{GPU}.options", f"{key} must be positive")
+    expect_problem(tmp_path, data, f"{GPU}.options.{key}", "must be positive")
 
 
 @pytest.mark.parametrize(
@@ -464,14 +464,14 @@ def test_duration_too_large(tmp_path):
         ({"full_resync_interval": "30m"}, "full_resync_interval must not be shorter than interval"),
         ({"max_inventory_age": "1h"}, "max_inventory_age must be longer than interval"),
         ({"max_inventory_age": "30m"}, "max_inventory_age must be longer than interval"),
-        ({"interval": 0}, "interval must be positive"),
+        ({"interval": 0}, "must be positive"),
         ({"interval": "-1"}, "not a duration"),
     ],
 )
 def test_reconcile_intervals(tmp_path, reconcile, reason):
     data = config_data()
     data["reconcile"].update(reconcile)
-    where = "reconcile.interval" if reason == "not a duration" else "reconcile"
+    where = "reconcile" if "must" in reason and "positive" not in reason else "reconcile.interval"
     expect_problem(tmp_path, data, where, reason)
 
 
@@ -486,7 +486,7 @@ def test_reconcile_full_resync_equal_to_interval_is_allowed(tmp_path):
 def test_reconcile_retry_backoff_not_positive(tmp_path, value):
     data = config_data()
     data["reconcile"]["retry_backoff"] = value
-    expect_problem(tmp_path, data, "reconcile", "retry_backoff")
+    expect_problem(tmp_path, data, "reconcile.retry_backoff", "must be positive")
 
 
 @pytest.mark.parametrize(
