@@ -43,6 +43,13 @@ def proto(session: nox.Session) -> None:
 
 
 @nox.session
+def bench(session: nox.Session) -> None:
+    """Latency, sync time and memory at scale (not part of the default sessions)."""
+    session.install("-e", ".[test]")
+    session.run("python", "tests/benchmark/run.py", *session.posargs)
+
+
+@nox.session
 def demo(session: nox.Session) -> None:
     """A Cluster Autoscaler session against a simulated OpenStack."""
     session.install("-e", ".")
