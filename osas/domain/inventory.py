@@ -94,6 +94,7 @@ class Inventory:
         self._servers: Mapping[str, Server] = {}
         self._by_name: Mapping[str, tuple[str, ...]] = {}
         self._by_request: Mapping[str, str] = {}
+        self._by_group: Mapping[str, tuple[Server, ...]] = {}
         self._flavors: dict[str, Flavor] = {}
         self._ledger = _Ledger()
         self._generation = 0
@@ -194,13 +195,16 @@ class Inventory:
     def _install(self, fresh: dict[str, Server]) -> None:
         by_name: dict[str, list[str]] = {}
         by_request: dict[str, str] = {}
+        by_group: dict[str, list[Server]] = {}
         for server in fresh.values():
             by_name.setdefault(server.name, []).append(server.server_id)
+            by_group.setdefault(server.group_id, []).append(server)
             if server.request_id:
                 by_request[server.request_id] = server.server_id
         self._servers = fresh
         self._by_name = {name: tuple(ids) for name, ids in by_name.items()}
         self._by_request = by_request
+        self._by_group = {group_id: tuple(servers) for group_id, servers in by_group.items()}
 
     def _remember_removed(self, instance_id: str, now: float) -> None:
         self._ledger.removed[instance_id] = now
@@ -289,9 +293,7 @@ class Inventory:
     def target_size(self, group_id: str) -> int:
         """Instances not being deleted, plus creates accepted but not yet shown by Nova."""
         servers = sum(
-            1
-            for server in self._servers.values()
-            if server.group_id == group_id and not self.is_deleting(server)
+            1 for server in self._by_group.get(group_id, ()) if not self.is_deleting(server)
         )
         creates = sum(1 for c in self._unobserved_creates(group_id) if not self._given_up(c))
         return servers + creates + len(self.failures_of(group_id))
@@ -299,9 +301,7 @@ class Inventory:
     def instances(self, group_id: str) -> list[Instance]:
         """What NodeGroupNodes reports: one Instance per server, pending or failed create."""
         result: list[Instance] = []
-        for server in self._servers.values():
-            if server.group_id != group_id:
-                continue
+        for server in self._by_group.get(group_id, ()):
             instance_id = self._ids.format(server.server_id)
             if self.is_deleting(server):
                 result.append(Instance(instance_id, InstanceState.DELETING))
