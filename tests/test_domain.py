@@ -17,7 +17,6 @@ from osas.domain.errors import (
     PreconditionFailed,
 )
 from osas.domain.ids import (
-    MAX_ID_LENGTH,
     NamedNode,
     PlaceholderNode,
     ProviderIdFormat,
@@ -33,6 +32,7 @@ from osas.domain.inventory import (
     InstanceState,
     Inventory,
 )
+from osas.domain.limits import MAX_NODE_ID_LENGTH
 from osas.domain.options import AutoscalingOptions, group_options
 from osas.domain.pricing import effective_requests, node_price, parse_quantity, pod_price
 from osas.domain.servers import (
@@ -329,11 +329,11 @@ def test_parse_node_malformed_provider_id(provider_id):
 
 def test_parse_node_length_limits():
     provider_id = IDS.format(str(uuid.uuid4()))
-    assert parse_node("a" * MAX_ID_LENGTH, "", IDS) == NamedNode("a" * MAX_ID_LENGTH)
+    assert parse_node("a" * MAX_NODE_ID_LENGTH, "", IDS) == NamedNode("a" * MAX_NODE_ID_LENGTH)
     with pytest.raises(InvalidRequest):
-        parse_node("a" * (MAX_ID_LENGTH + 1), provider_id, IDS)
+        parse_node("a" * (MAX_NODE_ID_LENGTH + 1), provider_id, IDS)
     with pytest.raises(InvalidRequest):
-        parse_node("node-1", provider_id + "x" * MAX_ID_LENGTH, IDS)
+        parse_node("node-1", provider_id + "x" * MAX_NODE_ID_LENGTH, IDS)
     with pytest.raises(InvalidRequest):
         parse_node("a" * 10_000, "", IDS)
 

@@ -115,6 +115,13 @@ def _translate(exc: Exception, secrets: tuple[str, ...]) -> CloudError:
     return CloudError(f"{type(exc).__name__}: {message}")
 
 
+def _fault(value: object) -> Fault | None:
+    """Nova's ``fault`` object (on ERROR and DELETED servers only)."""
+    if not isinstance(value, dict):
+        return None
+    return Fault(int(value.get("code") or 0), str(value.get("message") or ""))
+
+
 def _record_from_body(body: dict[str, Any]) -> ServerRecord:
     """A server from Nova's JSON as it is: building openstacksdk resources costs milliseconds
     a server, which at 20,000 servers would make every complete listing take a minute."""
@@ -126,11 +133,7 @@ def _record_from_body(body: dict[str, Any]) -> ServerRecord:
         metadata={str(k): str(v) for k, v in (body.get("metadata") or {}).items()},
         tags=frozenset(str(tag) for tag in body.get("tags") or ()),
         task_state=body.get("OS-EXT-STS:task_state"),
-        fault=(
-            Fault(int(fault.get("code") or 0), str(fault.get("message") or ""))
-            if isinstance(fault, dict)
-            else None
-        ),
+        fault=_fault(fault),
     )
 
 
@@ -142,7 +145,7 @@ def _next_page(body: dict[str, Any]) -> str | None:
 
 
 def _record(server: Any) -> ServerRecord:
-    fault = server.fault or None
+    fault = server.fault
     return ServerRecord(
         server_id=server.id,
         name=server.name or "",
@@ -150,11 +153,7 @@ def _record(server: Any) -> ServerRecord:
         metadata=dict(server.metadata or {}),
         tags=frozenset(server.tags or ()),
         task_state=server.task_state,
-        fault=(
-            Fault(int(fault.get("code") or 0), str(fault.get("message") or ""))
-            if isinstance(fault, dict)
-            else None
-        ),
+        fault=_fault(fault),
     )
 
 

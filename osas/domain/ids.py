@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from osas.domain.errors import InvalidRequest
+from osas.domain.limits import NodeInfo, check_node
 
 # DNS-label shaped: safe in server names, Nova tags (no "/" or ","), metadata and placeholder ids.
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -16,8 +17,6 @@ _REQUEST_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 
 PROVIDER_ID_SCHEME = "openstack://"
 PLACEHOLDER_SCHEME = "osas://"
-# Kubernetes names and provider ids are far shorter; anything longer is hostile or broken.
-MAX_ID_LENGTH = 253
 
 
 def is_valid_name(value: str) -> bool:
@@ -103,8 +102,7 @@ NodeRef = ServerNode | PlaceholderNode | NamedNode
 
 def parse_node(name: str, provider_id: str, ids: ProviderIdFormat) -> NodeRef:
     """Turn a node from a DeleteNodes request into what it refers to; malformed input raises."""
-    if len(name) > MAX_ID_LENGTH or len(provider_id) > MAX_ID_LENGTH:
-        raise InvalidRequest(f"node name or provider id longer than {MAX_ID_LENGTH} characters")
+    check_node(NodeInfo(name, provider_id))
     if provider_id:
         placeholder = parse_placeholder_id(provider_id)
         if placeholder is not None:

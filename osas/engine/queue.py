@@ -78,9 +78,6 @@ class TaskQueue:
             await self._not_empty.wait()
         return self._take()
 
-    def get_nowait(self) -> Task | None:
-        return self._take() if self._items else None
-
     def _take(self) -> Task:
         task = self._items.popleft()
         if not self._items and not self._closed:

@@ -98,14 +98,6 @@ class Workers:
                 # One bad task must not take the pool down; the reconciler repairs the state.
                 logger.exception("task failed unexpectedly", task=repr(task))
 
-    async def run_pending(self) -> int:
-        """Handle every task queued now, one by one; for tests and draining."""
-        count = 0
-        while (task := self._queue.get_nowait()) is not None:
-            await self.handle(task)
-            count += 1
-        return count
-
     async def handle(self, task: Task) -> None:
         try:
             if isinstance(task, CreateTask):
