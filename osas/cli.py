@@ -54,6 +54,12 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--build-seconds", type=float, default=3.0, help="how long servers stay in BUILD"
     )
+    sim.add_argument(
+        "--delete-seconds",
+        type=float,
+        default=0.0,
+        help="how long a deleted server stays ACTIVE with task_state 'deleting' (real Nova: 0.5-2)",
+    )
     commands.add_parser("demo", help="a Cluster Autoscaler session against a simulated cloud")
     return parser
 
@@ -115,7 +121,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 def _cmd_sim(args: argparse.Namespace) -> int:
     configure_logging("info", "console")
-    run_sim(args.port, args.clouds_yaml, args.build_seconds)
+    run_sim(args.port, args.clouds_yaml, args.build_seconds, delete_seconds=args.delete_seconds)
     return 0
 
 

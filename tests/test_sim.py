@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 import keystoneauth1.exceptions
@@ -25,7 +26,9 @@ import pytest
 import yaml
 from openstack.warnings import RemovedInSDK60Warning
 
-from osas.cloud.fake import FakeNova
+from osas.cloud.errors import CreateInDoubt, QuotaExceeded
+from osas.cloud.fake import FakeCloud, FakeNova
+from osas.cloud.port import CreateServerRequest
 from osas.sim import (
     APP_CREDENTIAL_ID,
     APP_CREDENTIAL_SECRET,
@@ -33,6 +36,7 @@ from osas.sim import (
     SimulatedOpenStack,
     run_sim,
 )
+from osas.sim.routing import timestamp
 
 TAG = "osas-cluster=prod"
 
@@ -523,6 +527,332 @@ def test_error_rate_is_repeatable():
     assert failures() == first
 
 
+# -- Nova under load: behaviours real Nova shows and osas must survive -------------------------
+
+
+def wait_until(predicate, what: str, timeout: float = 10.0):
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = predicate()
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def named(sim: SimulatedOpenStack, name: str) -> list:
+    return [s for s in sim.nova.live_servers() if s.name == name]
+
+
+def test_a_stalled_create_is_stored_after_the_client_gave_up(sim, conn):
+    args = boot_args(conn, "stalled")
+    impatient = connect(sim, api_timeout=0.4)
+    try:
+        impatient.compute.get_endpoint_data()  # authenticate and discover before the stall
+        sim.nova.faults.create_stall = 1.5
+        with pytest.raises(keystoneauth1.exceptions.ConnectTimeout):
+            impatient.compute.create_server(**args)
+    finally:
+        impatient.close()
+    # The stall holds no lock: Nova answers other calls meanwhile, without the server yet.
+    assert [s.name for s in conn.compute.servers()] == []
+    listed = wait_until(lambda: list(conn.compute.servers(details=True)), "the stored server")
+    assert [s.name for s in listed] == ["stalled"]
+    assert sim.calls["compute.servers.create"] == 1  # one POST, stored late
+
+
+def test_quota_recheck_fails_every_concurrent_create(sim, conn):
+    sim.nova.quota.instances = 1
+    sim.nova.faults.quota_recheck_seconds = 1.0
+    body = {"server": {**create_body(conn), "tags": [TAG]}}
+    clients = [connect(sim) for _ in range(3)]
+    try:
+        for client in clients:
+            client.compute.get_endpoint_data()
+        barrier = threading.Barrier(3)
+
+        def create(client) -> int:
+            barrier.wait()
+            return client.compute.post("/servers", json=body, microversion="2.100").status_code
+
+        with ThreadPoolExecutor(3) as pool:
+            statuses = list(pool.map(create, clients))
+    finally:
+        for client in clients:
+            client.close()
+    # Nova's API counted none of the others (still scheduling): it accepted all three.
+    assert statuses == [202, 202, 202]
+    first = next(iter(conn.compute.servers(details=True, tags=TAG)))
+    assert (first.status, first.task_state) == ("BUILD", "scheduling")
+
+    def all_failed() -> list:
+        servers = list(conn.compute.servers(details=True, tags=TAG))
+        return servers if [s.status for s in servers] == ["ERROR"] * 3 else []
+
+    for server in wait_until(all_failed, "the re-check to fail all three"):
+        assert server.task_state is None
+        assert server.fault["code"] == 413
+        # Nova's re-check uses deltas of zero, so its message reports the limit as the usage.
+        assert server.fault["message"] == (
+            "Quota exceeded for instances: Requested 1, but already used 1 of 1 instances"
+        )
+    # ERROR servers hold the quota until deleted: the API's own check now refuses at once.
+    with pytest.raises(openstack.exceptions.ForbiddenException, match="Quota exceeded"):
+        conn.compute.create_server(**boot_args(conn, "fourth"))
+    assert conn.compute.get_limits().absolute.instances_used == 3
+
+
+def test_quota_recheck_lets_a_create_with_room_through(sim, conn):
+    sim.nova.quota.instances = 1
+    sim.nova.faults.quota_recheck_seconds = 0.8
+    created = conn.compute.create_server(**boot_args(conn))
+    server = conn.compute.get_server(created.id)
+    assert (server.status, server.task_state) == ("BUILD", "scheduling")
+    active = wait_until(
+        lambda: conn.compute.get_server(created.id).status == "ACTIVE", "the server to build"
+    )
+    assert active
+    assert conn.compute.get_server(created.id).fault is None
+
+
+def create_body(conn) -> dict:
+    args = boot_args(conn)
+    return {
+        "name": args["name"],
+        "flavorRef": args["flavor_id"],
+        "imageRef": args["image_id"],
+        "networks": args["networks"],
+    }
+
+
+def test_server_metadata_api_has_novas_semantics(sim, conn):
+    server = sim.nova.seed(name="meta", metadata={"a": "1"})
+    long_ago = datetime.now(UTC) - timedelta(hours=1)
+    with sim.nova.lock:
+        server.updated_at = long_ago
+    since = (datetime.now(UTC) - timedelta(minutes=1)).isoformat()
+
+    def changed() -> list[str]:
+        return [s.id for s in conn.compute.servers(details=True, changes_since=since)]
+
+    assert changed() == []
+    base = f"/servers/{server.server_id}/metadata"
+    assert conn.compute.get(base).json() == {"metadata": {"a": "1"}}
+
+    # openstack server set --property: POST merges, and bumps updated (changes-since sees it).
+    conn.compute.set_server_metadata(server.server_id, b="2")
+    assert conn.compute.get_server_metadata(server.server_id).metadata == {"a": "1", "b": "2"}
+    assert changed() == [server.server_id]
+    assert conn.compute.get_server(server.server_id).updated_at != timestamp(long_ago)
+    assert sim.calls["compute.servers.metadata.set"] == 1
+
+    # openstack server unset --property: DELETE one key, updated left alone.
+    with sim.nova.lock:
+        server.updated_at = long_ago
+    conn.compute.delete_server_metadata(server.server_id, ["a"])
+    assert conn.compute.get(base).json() == {"metadata": {"b": "2"}}
+    assert changed() == []
+    assert sim.calls["compute.servers.metadata.delete"] == 1
+    missing = conn.compute.delete(f"{base}/a")
+    assert missing.status_code == 404
+    assert missing.json()["itemNotFound"]["message"] == "Metadata item was not found"
+
+    # One key: GET and PUT, the body naming exactly the URL's key.
+    assert conn.compute.get(f"{base}/b").json() == {"meta": {"b": "2"}}
+    assert conn.compute.get(f"{base}/zz").status_code == 404
+    put = conn.compute.put(f"{base}/c", json={"meta": {"c": "3"}})
+    assert (put.status_code, put.json()) == (200, {"meta": {"c": "3"}})
+    mismatch = conn.compute.put(f"{base}/c", json={"meta": {"d": "4"}})
+    assert mismatch.status_code == 400
+    assert mismatch.json()["badRequest"]["message"] == "Request body and URI mismatch"
+    assert conn.compute.put(f"{base}/c", json={"meta": {"c": "3", "e": "5"}}).status_code == 400
+
+    # PUT on the collection replaces everything.
+    replaced = conn.compute.put(base, json={"metadata": {"x": "9"}})
+    assert (replaced.status_code, replaced.json()) == (200, {"metadata": {"x": "9"}})
+    assert sim.nova.find_server(server.server_id).metadata == {"x": "9"}
+
+    # Nova's schema and quota.
+    for bad in ({"metadata": {"k" * 256: "v"}}, {"metadata": {"k": "v" * 256}}, {"meta": {}}):
+        assert conn.compute.post(base, json=bad).status_code == 400
+    sim.nova.quota.metadata_items = 2
+    over = conn.compute.post(base, json={"metadata": {"y": "1", "z": "2"}})
+    assert over.status_code == 403
+    assert over.json() == {
+        "forbidden": {"code": 403, "message": "Maximum number of metadata items exceeds 2"}
+    }
+    # Only a stable server with no task running takes changes.
+    sim.nova.build_seconds = None  # BUILD until activated
+    sim.nova.delete_seconds = 60.0
+    building = sim.nova.seed(name="building", status="BUILD")
+    deleting = sim.nova.seed(name="deleting")
+    conn.compute.delete_server(deleting.server_id)
+    for busy, state in ((building, "vm_state building"), (deleting, "task_state deleting")):
+        path = f"/servers/{busy.server_id}/metadata"
+        refused = conn.compute.post(path, json={"metadata": {"k": "v"}})
+        assert refused.status_code == 409
+        assert f"while it is in {state}" in refused.json()["conflictingRequest"]["message"]
+    gone = conn.compute.get("/servers/5a4c2b1e-0000-4000-8000-000000000000/metadata")
+    assert gone.status_code == 404
+
+
+def test_paged_listing_repeats_a_server_while_builds_are_in_flight(sim, conn):
+    for index in range(5):
+        sim.nova.seed(name=f"w{index}", tags=[TAG])
+    everyone = {s.server_id for s in sim.nova.live_servers()}
+
+    def page(query: str) -> list[str]:
+        response = conn.compute.get(f"/servers/detail?{query}", microversion="2.100")
+        return [server["id"] for server in response.json()["servers"]]
+
+    order = page("")
+    marker = page("limit=2")[-1]
+    assert marker == order[1]
+    sim.nova.faults.repeated_pages = 1
+    assert page(f"limit=2&marker={marker}") == order[1:3]  # starts with the marker again
+    assert sim.nova.faults.repeated_pages == 0  # one page served that way
+    assert page(f"limit=2&marker={marker}") == order[2:4]
+
+    sim.nova.faults.repeated_pages = 2
+    listed = [s.id for s in conn.compute.servers(details=True, tags=TAG, limit=2)]
+    assert len(listed) > len(set(listed))  # a server listed twice
+    assert set(listed) == everyone
+
+    # With a page of one, the repeat is the marker again: openstacksdk gives up.
+    sim.nova.faults.repeated_pages = 1
+    with pytest.raises(openstack.exceptions.SDKException, match="Endless pagination loop"):
+        list(conn.compute.servers(details=True, tags=TAG, limit=1))
+
+
+def test_ports_exceeded_is_403_with_novas_body(sim, conn):
+    sim.nova.faults.ports_exceeded = 1
+    refused = conn.compute.post(
+        "/servers", json={"server": create_body(conn)}, microversion="2.100"
+    )
+    assert refused.status_code == 403
+    assert refused.json() == {
+        "forbidden": {"code": 403, "message": "Maximum number of ports exceeded"}
+    }
+    assert sim.nova.live_servers() == []
+    conn.compute.create_server(**boot_args(conn))  # a counter: the next create goes through
+    assert len(sim.nova.live_servers()) == 1
+
+
+def test_keystoneauth_resends_a_create_whose_503_was_lost(sim, conn):
+    """The hazard osas must avoid: status_code_retries resends a POST Nova already stored."""
+    args = boot_args(conn, "resent")
+    retrying = connect(sim, status_code_retries=2, status_code_retry_delay=0.01)
+    try:
+        retrying.compute.get_endpoint_data()
+        sim.nova.faults.lost_create_status = 503
+        sim.nova.faults.lost_create_responses = 2
+        retrying.compute.create_server(**args)  # succeeds, on the third POST
+    finally:
+        retrying.close()
+    assert sim.calls["compute.servers.create"] == 3
+    assert len(named(sim, "resent")) == 3  # one create, three servers
+
+
+def test_keystoneauth_resends_a_create_whose_connection_dropped(sim, conn):
+    args = boot_args(conn, "dropped")
+    sim.nova.faults.dropped_create_connections = 1
+    with pytest.raises(keystoneauth1.exceptions.ConnectFailure, match="without response"):
+        conn.compute.create_server(**args)
+    assert len(named(sim, "dropped")) == 1  # stored all the same
+    assert [e.status for e in sim.history if e.operation == "compute.servers.create"] == [0]
+
+    retrying = connect(sim, connect_retries=2, connect_retry_delay=0.01)
+    try:
+        retrying.compute.get_endpoint_data()
+        sim.nova.faults.dropped_create_connections = 2
+        retrying.compute.create_server(**args)  # succeeds, on the third POST
+    finally:
+        retrying.close()
+    assert sim.calls["compute.servers.create"] == 4
+    assert len(named(sim, "dropped")) == 4  # 1 + three from one retried create
+
+
+def test_delete_window_is_set_through_the_control_api(sim, conn):
+    status, timings = control(sim, "POST", "/_sim/nova", {"delete_seconds": 0.8})
+    assert (status, timings) == (200, {"nova": {"build_seconds": 0.0, "delete_seconds": 0.8}})
+    assert control(sim, "GET", "/_sim/nova")[1]["nova"]["delete_seconds"] == 0.8
+    for bad in ({"delete_seconds": -1}, {"build_seconds": "slow"}, {"shutdown_seconds": 1}):
+        assert control(sim, "POST", "/_sim/nova", bad)[0] == 400
+    assert control(sim, "POST", "/_sim/nova", {"build_seconds": None})[0] == 200
+    assert sim.nova.build_seconds is None
+
+    doomed = sim.nova.seed(name="doomed")
+    conn.compute.delete_server(doomed.server_id)
+    deleting = conn.compute.get_server(doomed.server_id)
+    assert (deleting.status, deleting.task_state) == ("ACTIVE", "deleting")
+
+    def gone() -> bool:
+        try:
+            conn.compute.get_server(doomed.server_id)
+        except openstack.exceptions.NotFoundException:
+            return True
+        return False
+
+    assert wait_until(gone, "the delete to finish")
+
+
+def test_control_api_sets_every_new_fault(sim):
+    new = {
+        "create_stall": 0.5,
+        "quota_recheck_seconds": 1,
+        "repeated_pages": 2,
+        "ports_exceeded": 1,
+        "lost_create_status": 503,
+        "dropped_create_connections": 3,
+    }
+    status, faults = control(sim, "POST", "/_sim/faults", new)
+    assert status == 200
+    assert {name: faults["faults"][name] for name in new} == new
+    for bad in (
+        {"repeated_pages": 1.5},
+        {"ports_exceeded": True},
+        {"lost_create_status": 200},
+        {"lost_create_status": 503.0},
+        {"create_stall": -0.1},
+        {"create_stall": "slow"},
+    ):
+        assert control(sim, "POST", "/_sim/faults", bad)[0] == 400, bad
+    not_finite = b'{"create_stall": Infinity}'
+    request = urllib.request.Request(  # noqa: S310 - http://127.0.0.1 only
+        f"{sim.base_url}/_sim/faults", data=not_finite, method="POST"
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)  # noqa: S310
+    with refused.value:
+        assert refused.value.code == 400
+    assert sim.nova.faults.create_stall == 0.5
+
+
+async def test_fake_cloud_shows_the_same_faults_in_process():
+    nova = FakeNova(build_seconds=0.0)
+    cloud = FakeCloud(nova)
+    request = CreateServerRequest(
+        name="n", flavor="m1.small", image="img", networks=["net"], metadata={}, tags=[TAG]
+    )
+    nova.faults.dropped_create_connections = 1
+    with pytest.raises(CreateInDoubt, match="connection dropped"):
+        await cloud.create_server(request)
+    nova.faults.lost_create_responses = 1
+    nova.faults.lost_create_status = 503
+    with pytest.raises(CreateInDoubt, match="503"):
+        await cloud.create_server(request)
+    assert len(nova.live_servers()) == 2  # both stored all the same
+    nova.faults.ports_exceeded = 1
+    with pytest.raises(QuotaExceeded, match="Maximum number of ports exceeded"):
+        await cloud.create_server(request)
+    nova.faults.create_stall = 0.2
+    started = time.monotonic()
+    await cloud.create_server(request)
+    assert time.monotonic() - started >= 0.2
+    assert len(nova.live_servers()) == 3
+
+
 # -- names resolved with openstacksdk's find_* ------------------------------------------------
 
 
@@ -612,7 +942,9 @@ def test_run_sim_serves_until_stopped_and_writes_clouds_yaml(tmp_path, capsys, m
     clouds = tmp_path / "clouds.yaml"
     clouds.write_text(yaml.safe_dump({"clouds": {"other": {"region_name": "X"}}}))
     stop = threading.Event()
-    runner = threading.Thread(target=run_sim, args=(0, clouds, 0.0, stop), daemon=True)
+    runner = threading.Thread(
+        target=run_sim, args=(0, clouds, 0.0, stop), kwargs={"delete_seconds": 1.5}, daemon=True
+    )
     runner.start()
     try:
         for _ in range(200):
@@ -628,6 +960,12 @@ def test_run_sim_serves_until_stopped_and_writes_clouds_yaml(tmp_path, capsys, m
         assert entry["auth"]["auth_url"] == auth_url
         assert entry["identity_api_version"] == 3
         assert stat.S_IMODE(clouds.stat().st_mode) == 0o600
+        base_url = auth_url.removesuffix("/identity/v3")
+        with urllib.request.urlopen(f"{base_url}/_sim/nova", timeout=10) as response:  # noqa: S310
+            assert json.loads(response.read())["nova"] == {
+                "build_seconds": 0.0,
+                "delete_seconds": 1.5,
+            }
         monkeypatch.setenv("OS_CLIENT_CONFIG_FILE", str(clouds))
         cloud = openstack.connect(cloud="osas-sim")
         try:

@@ -23,6 +23,21 @@ class CloudUnavailable(CloudError):
     code = "CloudUnavailable"
 
 
+class CreateNotSent(CloudUnavailable):
+    """A create failed in a way that proves Nova never received it (name look-ups failed, the
+    connection was refused or timed out before the request went out). Sending it again is safe."""
+
+    code = "CreateNotSent"
+
+
+class CreateInDoubt(CloudUnavailable):
+    """A create was sent and its outcome is unknown: timeout after sending, 5xx, the connection
+    dropped, the answer lost. Nova may or may not have made the server; it must never be sent
+    again (Nova has no idempotency key)."""
+
+    code = "CreateInDoubt"
+
+
 class QuotaExceeded(CloudError):
     """Nova refused a create for quota (403 or 413 "Quota exceeded ...")."""
 

@@ -1,9 +1,17 @@
 """An in-memory Nova and a ``Cloud`` over it, with hooks to inject the faults real clouds have.
 
 ``FakeNova`` models what osas relies on from Nova: tags and metadata on servers, BUILD turning
-ACTIVE, ERROR servers with a fault, deleted servers kept for ``changes-since`` but stripped of
+ACTIVE, ERROR servers with a fault, deletes that keep a server ACTIVE with task_state
+``deleting`` for ``delete_seconds``, deleted servers kept for ``changes-since`` but stripped of
 their tags, quotas refused with Nova's own wording. ``FakeCloud`` is the port adapter tests and
 the demo run against; the simulated OpenStack serves the same model over HTTP.
+
+``Faults`` also reproduces what real Nova does under load: creates stored only after the client
+gave up (``create_stall``), the conductor's quota re-check that turns concurrent creates into
+ERROR servers with a 413 fault after the API accepted them (``quota_recheck_seconds``), paged
+listings that repeat a server (``repeated_pages``), "Maximum number of ports exceeded"
+(``ports_exceeded``), and answers lost or connections dropped after a create was stored
+(``lost_create_responses``, ``lost_create_status``, ``dropped_create_connections``).
 """
 
 from __future__ import annotations
@@ -22,13 +30,17 @@ from typing import Concatenate, ParamSpec, TypeVar
 
 import anyio
 
-from osas.cloud.errors import CloudUnavailable, QuotaExceeded, RequestRejected
+from osas.cloud.errors import CloudUnavailable, CreateInDoubt, QuotaExceeded, RequestRejected
 from osas.cloud.port import CreateServerRequest, Reference
 from osas.domain.servers import Fault, Flavor, ServerRecord
 from osas.domain.specs import NodeGroupSpec
 
 NO_VALID_HOST = "No valid host was found. There are not enough hosts available."
 GROUP_MEMBERS_EXCEEDED = "Quota exceeded, too many servers in group"
+PORTS_EXCEEDED = "Maximum number of ports exceeded"  # Nova's PortLimitExceeded
+SCHEDULING = "scheduling"  # the task state of a new server, as Nova sets it at once
+# vm states (by status) in which Nova lets a server's metadata change, with no task running.
+_METADATA_STATES = {"ACTIVE", "PAUSED", "SUSPENDED", "SHUTOFF"}
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -60,7 +72,7 @@ class FakeServer:
     created_at: datetime
     updated_at: datetime
     status: str = "BUILD"
-    task_state: str | None = "spawning"
+    task_state: str | None = SCHEDULING
     fault: Fault | None = None
     user_data: str | None = None
     key_name: str | None = None
@@ -71,6 +83,9 @@ class FakeServer:
     deleting_since: datetime | None = None
     fault_created: datetime | None = None
     config_drive: bool = False
+    # With Faults.quota_recheck_seconds: when the conductor re-checks the quota. Until then the
+    # server is BUILD/scheduling and the API's own quota check does not count it.
+    scheduling_until: datetime | None = None
 
     def record(self) -> ServerRecord:
         return ServerRecord(
@@ -86,13 +101,20 @@ class FakeServer:
 
 @dataclass(slots=True)
 class Faults:
-    """What goes wrong, and how often. Counters are consumed one create at a time."""
+    """What goes wrong, and how often. Counters (ints) are consumed one create (or one listing
+    page) at a time; floats are settings that hold until changed."""
 
     error_rate: float = 0.0  # share of calls that fail as a 5xx would
     latency: float = 0.0  # seconds added to every call
     quota_exceeded: int = 0  # next creates refused synchronously with 403 "Quota exceeded"
     no_valid_host: int = 0  # next creates accepted, then ERROR with a NoValidHost fault
     lost_create_responses: int = 0  # next creates succeed but the answer is lost (5xx)
+    lost_create_status: int = 502  # the status of a lost answer (503: keystoneauth resends)
+    dropped_create_connections: int = 0  # next creates stored, then the connection is closed
+    create_stall: float = 0.0  # every create is stored and answered only after this long
+    quota_recheck_seconds: float = 0.0  # scheduling window before the conductor's quota re-check
+    repeated_pages: int = 0  # next pages asked with a marker start with the marker's server
+    ports_exceeded: int = 0  # next creates refused with 403 "Maximum number of ports exceeded"
     max_servers: int | None = None  # the project's instance quota
 
 
@@ -223,11 +245,16 @@ class FakeNova:
 
     @_locked
     def activate(self, server_id: str | None = None) -> None:
-        """Finish the build of one server, or of every server in BUILD."""
+        """Finish the build of one server, or of every server in BUILD. A server still waiting
+        for the quota re-check has it now, and may end ERROR instead."""
         now = self.clock()
-        for server in self._servers.values():
-            if server.status == "BUILD" and server_id in {None, server.server_id}:
-                server.status, server.task_state, server.updated_at = "ACTIVE", None, now
+        for server in list(self._servers.values()):
+            if server.status != "BUILD" or server_id not in {None, server.server_id}:
+                continue
+            if _scheduling(server):
+                self._recheck_quota(server, now)
+            if server.status == "BUILD":
+                self._finish_build(server, now)
 
     @_locked
     def seed(
@@ -277,14 +304,33 @@ class FakeNova:
 
     @_locked
     def usage(self) -> dict[str, int]:
-        """What the live servers consume of the project's quota, as Nova counts it."""
-        live = self.live_servers()
-        flavors = [self.flavors.get(server.flavor_id) for server in live]
+        """What the live servers consume of the project's quota, as Nova counts it (ERROR and
+        scheduling servers included: they hold quota until deleted)."""
+        return self._usage_of(self.live_servers())
+
+    def _usage_of(self, servers: Iterable[FakeServer]) -> dict[str, int]:
+        flavors = [self.flavors.get(server.flavor_id) for server in servers]
         return {
-            "instances": len(live),
+            "instances": len(flavors),
             "cores": sum(flavor.vcpus for flavor in flavors if flavor is not None),
             "ram": sum(flavor.ram_mib for flavor in flavors if flavor is not None),
         }
+
+    def _quota_limits(self) -> dict[str, int | None]:
+        return {
+            "instances": self.instance_limit(),
+            "cores": self.quota.cores,
+            "ram": self.quota.ram,
+        }
+
+    @_locked
+    def take_fault(self, name: str) -> bool:
+        """Consume one of a ``Faults`` counter; False when it is at zero."""
+        left = getattr(self.faults, name)
+        if left <= 0:
+            return False
+        setattr(self.faults, name, left - 1)
+        return True
 
     @_locked
     def instance_limit(self) -> int | None:
@@ -383,7 +429,9 @@ class FakeNova:
         """One page of a listing, as Nova cuts it: the servers that sort after ``marker``.
 
         The marker may be a server the filters exclude, or a deleted one (Nova looks it up with
-        deleted rows); one Nova never had is a 400, with Nova's message."""
+        deleted rows); one Nova never had is a 400, with Nova's message. While
+        ``faults.repeated_pages`` lasts, a page starts with the marker's own server again if it
+        is in ``servers``, as real Nova's pages can repeat a server while builds are in flight."""
         start = 0
         if marker is not None:
             anchor = self._servers.get(marker)
@@ -393,6 +441,9 @@ class FakeNova:
             start = next(
                 (i for i, s in enumerate(servers) if _listing_order(s) < anchor_key), len(servers)
             )
+            repeat = start > 0 and servers[start - 1].server_id == marker
+            if repeat and self.take_fault("repeated_pages"):
+                start -= 1
         end = len(servers) if limit is None else start + limit
         return list(servers[start:end])
 
@@ -424,46 +475,41 @@ class FakeNova:
         server.server_group = request.server_group
         server.security_groups = tuple(request.security_groups)
         server.boot_volume_gib = request.boot_volume.size_gib if request.boot_volume else None
-        faults = self.faults
-        if faults.no_valid_host > 0:
-            faults.no_valid_host -= 1
+        if self.take_fault("no_valid_host"):
             # Nova buries it in cell0 as ERROR, tags and metadata kept.
             server.status, server.task_state = "ERROR", None
             server.fault, server.fault_created = Fault(500, NO_VALID_HOST), server.created_at
+        elif self.faults.quota_recheck_seconds > 0:
+            window = timedelta(seconds=self.faults.quota_recheck_seconds)
+            server.scheduling_until = server.created_at + window
         return server
 
     def _check_quota(self, request: CreateServerRequest, flavor: Flavor) -> None:
-        """Refuse a create the way Nova's API does: 403 before anything is built."""
-        quota, faults = self.quota, self.faults
+        """Refuse a create the way Nova's API does: 403 before anything is built. Servers still
+        scheduling are not counted: Nova's API races past them, its conductor re-checks."""
+        quota = self.quota
         if len(request.metadata) > quota.metadata_items:
-            raise RequestRejected(
-                f"Maximum number of metadata items exceeds {quota.metadata_items}", 403
-            )
-        used = self.usage()
-        instance_limit = self.instance_limit()
-        if faults.quota_exceeded > 0:
-            faults.quota_exceeded -= 1
+            raise RequestRejected(_metadata_limit_message(quota.metadata_items), 403)
+        if self.take_fault("ports_exceeded"):
+            # Neutron's port quota, checked while Nova validates the networks, before its own.
+            raise QuotaExceeded(PORTS_EXCEEDED)
+        used = self._usage_of(s for s in self.live_servers() if not _scheduling(s))
+        limits = self._quota_limits()
+        instance_limit = limits["instances"]
+        if self.take_fault("quota_exceeded"):
             limit = instance_limit if instance_limit is not None else used["instances"]
             raise QuotaExceeded(
                 f"Quota exceeded for instances: Requested 1, but already used "
                 f"{used['instances']} of {limit} instances"
             )
-        requested = {"instances": 1, "cores": flavor.vcpus, "ram": flavor.ram_mib}
-        limits = {"instances": instance_limit, "cores": quota.cores, "ram": quota.ram}
+        requested = _requested(flavor)
         overs = sorted(
             resource
             for resource, limit in limits.items()
             if limit is not None and used[resource] + requested[resource] > limit
         )
         if overs:
-            # Nova names every resource over quota in one message, in sorted order.
-            def joined(values: Mapping[str, int | None]) -> str:
-                return ", ".join(str(values[resource]) for resource in overs)
-
-            raise QuotaExceeded(
-                f"Quota exceeded for {', '.join(overs)}: Requested {joined(requested)}, but "
-                f"already used {joined(used)} of {joined(limits)} {', '.join(overs)}"
-            )
+            raise QuotaExceeded(_over_quota_message(overs, requested, used, limits))
         if request.server_group is not None:
             members = sum(
                 1 for server in self.live_servers() if server.server_group == request.server_group
@@ -485,6 +531,52 @@ class FakeNova:
             server.updated_at = server.deleting_since
         self._advance()
         return True
+
+    @_locked
+    def set_metadata(
+        self, server_id: str, values: Mapping[str, str], *, replace: bool = False
+    ) -> dict[str, str]:
+        """Merge ``values`` into a server's metadata (or replace it all), as Nova's metadata API
+        does: only in a stable state with no task running (409 otherwise), within the
+        metadata_items quota (403). Setting bumps ``updated_at``; the merged metadata is
+        returned. RequestRejected carries Nova's status and message."""
+        self.calls["servers.metadata.set"] += 1
+        server = self._server_for_metadata(server_id, "update metadata")
+        merged = dict(values) if replace else {**server.metadata, **values}
+        if len(merged) > self.quota.metadata_items:
+            raise RequestRejected(_metadata_limit_message(self.quota.metadata_items), 403)
+        server.metadata = merged
+        server.updated_at = self.clock()
+        return dict(merged)
+
+    @_locked
+    def delete_metadata_key(self, server_id: str, key: str) -> None:
+        """Remove one key (404 if the server does not have it). Unlike a set, Nova deletes the
+        row alone and leaves the server's ``updated_at`` as it was."""
+        self.calls["servers.metadata.delete"] += 1
+        self._advance()
+        server = self._servers.get(server_id)
+        if server is None or server.status == "DELETED":
+            raise RequestRejected(f"Instance {server_id} could not be found.", 404)
+        if key not in server.metadata:
+            raise RequestRejected("Metadata item was not found", 404)
+        self._server_for_metadata(server_id, "delete metadata")
+        del server.metadata[key]
+
+    def _server_for_metadata(self, server_id: str, action: str) -> FakeServer:
+        self._advance()
+        server = self._servers.get(server_id)
+        if server is None or server.status == "DELETED":
+            raise RequestRejected(f"Instance {server_id} could not be found.", 404)
+        if server.status not in _METADATA_STATES:
+            state = ("vm_state", _VM_STATES.get(server.status, server.status.lower()))
+        elif server.task_state is not None:
+            state = ("task_state", server.task_state)
+        else:
+            return server
+        raise RequestRejected(
+            f"Cannot '{action}' instance {server_id} while it is in {state[0]} {state[1]}", 409
+        )
 
     def _new_server(
         self,
@@ -512,15 +604,28 @@ class FakeNova:
         return server
 
     def _advance(self) -> None:
-        """Let time do what Nova does on its own: finish builds and deletions."""
+        """Let time do what Nova does on its own: re-check quotas after scheduling, finish
+        builds and deletions."""
         now = self.clock()
+        due = [
+            server
+            for server in self._servers.values()
+            if _scheduling(server)
+            and server.scheduling_until is not None
+            and now >= server.scheduling_until
+        ]
+        for server in due:
+            self._recheck_quota(server, now)
         for server in self._servers.values():
+            # build_seconds counts from the end of scheduling when there is a re-check window.
+            build_start = server.scheduling_until or server.created_at
             if (
                 server.status == "BUILD"
+                and not _scheduling(server)
                 and self.build_seconds is not None
-                and now - server.created_at >= timedelta(seconds=self.build_seconds)
+                and now - build_start >= timedelta(seconds=self.build_seconds)
             ):
-                server.status, server.task_state, server.updated_at = "ACTIVE", None, now
+                self._finish_build(server, now)
             if (
                 server.deleting_since is not None
                 and server.status != "DELETED"
@@ -528,6 +633,70 @@ class FakeNova:
             ):
                 server.status, server.task_state, server.updated_at = "DELETED", None, now
                 server.tags.clear()
+
+    def _finish_build(self, server: FakeServer, now: datetime) -> None:
+        server.status, server.updated_at = "ACTIVE", now
+        # A server deleted while it was building is still being deleted.
+        server.task_state = "deleting" if server.deleting_since is not None else None
+
+    def _recheck_quota(self, server: FakeServer, now: datetime) -> None:
+        """Nova's conductor re-checks the quota once the instance exists, counting every live
+        server, this one included: over a limit, the server becomes ERROR with a 413 fault.
+        Like Nova (deltas of zero), the message reports the limit as the usage."""
+        limits = self._quota_limits()
+        used = self._usage_of(s for s in self._servers.values() if s.status != "DELETED")
+        overs = sorted(
+            resource
+            for resource, limit in limits.items()
+            if limit is not None and used[resource] > limit
+        )
+        if not overs:
+            server.task_state = "spawning"
+            return
+        message = _over_quota_message(
+            overs, _requested(self.flavors.get(server.flavor_id)), limits, limits
+        )
+        server.status, server.task_state, server.updated_at = "ERROR", None, now
+        server.fault, server.fault_created = Fault(413, message), now
+
+
+_VM_STATES = {"BUILD": "building", "ACTIVE": "active", "ERROR": "error", "DELETED": "deleted"}
+_VM_STATES |= {"SHUTOFF": "stopped", "PAUSED": "paused", "SUSPENDED": "suspended"}
+
+
+def _scheduling(server: FakeServer) -> bool:
+    """Whether the server still waits for the conductor's quota re-check."""
+    return server.scheduling_until is not None and server.task_state == SCHEDULING
+
+
+def _requested(flavor: Flavor | None) -> dict[str, int]:
+    return {
+        "instances": 1,
+        "cores": flavor.vcpus if flavor else 0,
+        "ram": flavor.ram_mib if flavor else 0,
+    }
+
+
+def _over_quota_message(
+    overs: Sequence[str],
+    requested: Mapping[str, int | None],
+    used: Mapping[str, int | None],
+    limits: Mapping[str, int | None],
+) -> str:
+    """Nova's TooManyInstances text: every resource over quota in one message, sorted."""
+
+    def joined(values: Mapping[str, int | None]) -> str:
+        return ", ".join(str(values[resource]) for resource in overs)
+
+    names = ", ".join(overs)
+    return (
+        f"Quota exceeded for {names}: Requested {joined(requested)}, but already used "
+        f"{joined(used)} of {joined(limits)} {names}"
+    )
+
+
+def _metadata_limit_message(allowed: int) -> str:
+    return f"Maximum number of metadata items exceeds {allowed}"  # Nova's MetadataLimitExceeded
 
 
 def _listing_order(server: FakeServer) -> tuple[datetime, str]:
@@ -567,12 +736,21 @@ class FakeCloud:
 
     async def create_server(self, request: CreateServerRequest) -> ServerRecord:
         await self._call()
-        server = self.nova.create_server(request)
-        faults = self.nova.faults
-        if faults.lost_create_responses > 0:
-            faults.lost_create_responses -= 1
-            raise CloudUnavailable("502 Bad Gateway after the server was created (injected)")
-        return server.record()
+        stall = self.nova.faults.create_stall
+        if stall > 0:
+            await anyio.sleep(stall)  # a stalled Nova API worker: stored late all the same
+        nova = self.nova
+        with nova.lock:
+            server = nova.create_server(request)
+            record = server.record()
+            if nova.take_fault("dropped_create_connections"):
+                raise CreateInDoubt(
+                    "the connection dropped after the server was created (injected)"
+                )
+            if nova.take_fault("lost_create_responses"):
+                status = nova.faults.lost_create_status
+                raise CreateInDoubt(f"{status} after the server was created (injected)")
+        return record
 
     async def delete_server(self, server_id: str) -> None:
         await self._call()

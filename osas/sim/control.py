@@ -7,7 +7,17 @@ the servers compactly:
 - ``POST /_sim/servers`` ``{"name", "metadata", "tags", "status", "flavor", "count"}``, a list of
   those, or ``{"servers": [...]}``; with ``count`` > 1 names get ``-1``, ``-2``... suffixes.
 - ``GET /_sim/servers`` (``?deleted=true`` keeps deleted ones), ``DELETE /_sim/servers/{id}``.
-- ``GET|POST /_sim/faults`` and ``GET|POST /_sim/quota``: any field of ``Faults`` / ``Quota``.
+- ``GET|POST /_sim/faults`` and ``GET|POST /_sim/quota``: any field of ``Faults`` / ``Quota``
+  (non-negative finite numbers; ints for counters, ``lost_create_status`` a 5xx status).
+  Besides the old counters, ``Faults`` holds ``create_stall`` (seconds every create waits before
+  it is stored and answered), ``quota_recheck_seconds`` (the scheduling window after which
+  Nova's conductor re-checks quota and fails servers over it with a 413 fault),
+  ``repeated_pages`` (pages asked with a marker that start with the marker's server again),
+  ``ports_exceeded`` (creates refused with 403 "Maximum number of ports exceeded"),
+  ``lost_create_status`` and ``dropped_create_connections`` (creates stored, then the
+  connection closed without an answer).
+- ``GET|POST /_sim/nova``: ``build_seconds`` (null: BUILD until activated) and
+  ``delete_seconds`` (how long a deleted server stays ACTIVE with task_state ``deleting``).
 - ``POST /_sim/activate`` (optionally ``{"id": ...}``), ``GET /_sim/calls``,
   ``POST /_sim/calls/reset``.
 """
@@ -15,6 +25,7 @@ the servers compactly:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -59,6 +70,8 @@ class Control:
             ("POST", "/_sim/faults", self._set_faults),
             ("GET", "/_sim/quota", self._quota),
             ("POST", "/_sim/quota", self._set_quota),
+            ("GET", "/_sim/nova", self._timings),
+            ("POST", "/_sim/nova", self._set_timings),
             ("POST", "/_sim/activate", self._activate),
             ("GET", "/_sim/calls", self._calls),
             ("POST", "/_sim/calls/reset", self._reset_calls),
@@ -138,6 +151,18 @@ class Control:
         _assign(self.nova.quota, self._body(request))
         return self._quota(request)
 
+    def _timings(self, request: Request) -> Response:
+        del request
+        timings = {name: getattr(self.nova, name) for name in _NOVA_TIMINGS}
+        return Response.json(200, {"nova": timings})
+
+    def _set_timings(self, request: Request) -> Response:
+        values = self._body(request)
+        _check(values, _NOVA_TIMINGS)
+        for name, value in values.items():
+            setattr(self.nova, name, value)
+        return self._timings(request)
+
     def _activate(self, request: Request) -> Response:
         body = self._body(request) if request.body else {}
         server_id = body.get("id") if isinstance(body, dict) else None
@@ -156,11 +181,25 @@ class Control:
         return Response.empty(204)
 
 
+# FakeNova's own timings the control API sets, with their types as Faults and Quota spell them.
+_NOVA_TIMINGS = {"build_seconds": "float | None", "delete_seconds": "float"}
+# Fields whose values are bounded beyond "non-negative".
+_RANGES = {"lost_create_status": (500, 599)}
+
+
 def _assign(target: Faults | Quota, values: Any) -> None:
     """Set fields of a Faults or Quota from JSON, checking every name and type first."""
+    _check(values, {field.name: str(field.type) for field in dataclasses.fields(target)})
+    for name, value in values.items():
+        setattr(target, name, value)
+
+
+def _check(values: Any, types: Mapping[str, str]) -> None:
+    """Refuse (400) anything but a JSON object of known names with values of their type:
+    ``float`` takes any finite non-negative number, ``int`` a non-negative integer (not a
+    boolean), ``... | None`` also null."""
     if not isinstance(values, Mapping):
         raise _refuse(400, "expected a JSON object")
-    types = {field.name: str(field.type) for field in dataclasses.fields(target)}
     unknown = set(values) - set(types)
     if unknown:
         raise _refuse(400, f"unknown fields {sorted(unknown)}; known: {sorted(types)}")
@@ -168,8 +207,15 @@ def _assign(target: Faults | Quota, values: Any) -> None:
         kind = types[name]
         if value is None and kind.endswith("| None"):
             continue
-        number = int | float if kind == "float" else int
-        if isinstance(value, bool) or not isinstance(value, number) or value < 0:
-            raise _refuse(400, f"{name} must be a non-negative {kind.split(' ')[0]}")
-    for name, value in values.items():
-        setattr(target, name, value)
+        base = kind.split(" ")[0]
+        number = int | float if base == "float" else int
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, number)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise _refuse(400, f"{name} must be a non-negative {base}")
+        low, high = _RANGES.get(name, (0, math.inf))
+        if not low <= value <= high:
+            raise _refuse(400, f"{name} must be from {low} to {high}")

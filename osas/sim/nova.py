@@ -11,6 +11,16 @@ parameters refused from 2.75 (ignored before).
 Refusals use Nova's bodies: ``{"badRequest": {"code": 400, "message": ...}}`` and so on, with the
 messages Nova writes, so that clients parsing them (openstacksdk puts ``message`` in ``details``)
 see what they would see in production.
+
+The server metadata API (``/servers/{id}/metadata[/{key}]``: list, merge, replace, show, set and
+delete one key) follows Nova: 409 unless the server is in a stable state with no task, 403 over
+the metadata_items quota, and a set bumps the server's ``updated`` (``changes-since`` sees it)
+while a delete does not. Creates obey ``FakeNova.faults``: a stall before storing
+(``create_stall``), 403 "Maximum number of ports exceeded" (``ports_exceeded``), and after
+storing a lost answer (``lost_create_responses``, with ``lost_create_status``) or no answer at
+all, the connection closed (``dropped_create_connections``). The model does the rest: servers
+that fail Nova's quota re-check turn ERROR with a 413 fault (``quota_recheck_seconds``), and
+pages asked with a marker may start with the marker's server again (``repeated_pages``).
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ import secrets
 import uuid
 from collections.abc import Callable
 from datetime import UTC
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import urlencode
 
@@ -45,6 +56,7 @@ from osas.sim.nova_schema import (
     checked_tags,
     invalid_body,
     invalid_query,
+    metadata_body,
     nova_error,
     parse_time,
     ref_id,
@@ -95,6 +107,22 @@ class Compute:
             ("PUT", "/servers/{server_id}/tags", "servers.tags.replace", self._replace_tags),
             ("PUT", "/servers/{server_id}/tags/{tag}", "servers.tags.add", self._add_tag),
             ("DELETE", "/servers/{server_id}/tags/{tag}", "servers.tags.delete", self._drop_tag),
+            ("GET", "/servers/{server_id}/metadata", "servers.metadata.list", self._metadata),
+            ("POST", "/servers/{server_id}/metadata", "servers.metadata.set", self._merge_meta),
+            ("PUT", "/servers/{server_id}/metadata", "servers.metadata.replace", self._put_meta),
+            ("GET", "/servers/{server_id}/metadata/{key}", "servers.metadata.get", self._meta),
+            (
+                "PUT",
+                "/servers/{server_id}/metadata/{key}",
+                "servers.metadata.set_item",
+                self._set_meta,
+            ),
+            (
+                "DELETE",
+                "/servers/{server_id}/metadata/{key}",
+                "servers.metadata.delete",
+                self._del_meta,
+            ),
             ("GET", "/flavors", "flavors.list", self._flavors_brief),
             ("GET", "/flavors/detail", "flavors.list", self._flavors_detailed),
             ("GET", "/flavors/{flavor_id}", "flavors.get", self._flavor),
@@ -110,8 +138,17 @@ class Compute:
         ]
         for method, path, operation, handler in api:
             router.add(
-                method, base + path, f"compute.{operation}", self._versioned(handler), faulty=True
+                method,
+                base + path,
+                f"compute.{operation}",
+                self._versioned(handler),
+                faulty=True,
+                # A stalled API worker: the create is stored late, after the client gave up.
+                stall=self._create_stall if operation == "servers.create" else None,
             )
+
+    def _create_stall(self) -> float:
+        return self.nova.faults.create_stall
 
     # -- microversions ----------------------------------------------------------------------------
 
@@ -457,6 +494,73 @@ class Compute:
         server.tags.discard(tag)
         return Response.empty(204)
 
+    # -- servers: metadata ------------------------------------------------------------------------
+
+    def _metadata_call(self, call: Callable[[], Response]) -> Response:
+        try:
+            return call()
+        except RequestRejected as exc:
+            raise nova_error(exc.status_code or 400, str(exc)) from exc
+
+    def _metadata_of(self, server_id: str) -> FakeServer:
+        """The server a metadata call names (not counted as a servers.get)."""
+        server = self.nova.find_server(server_id)
+        if server is None or server.status == "DELETED":
+            raise nova_error(404, f"Instance {server_id} could not be found.")
+        return server
+
+    def _metadata(self, request: Request, version: Microversion) -> Response:
+        del version
+        server = self._metadata_of(request.params["server_id"])
+        return Response.json(200, {"metadata": dict(server.metadata)})
+
+    def _meta(self, request: Request, version: Microversion) -> Response:
+        del version
+        server, key = self._metadata_of(request.params["server_id"]), request.params["key"]
+        if key not in server.metadata:
+            raise nova_error(404, "Metadata item was not found")
+        return Response.json(200, {"meta": {key: server.metadata[key]}})
+
+    def _merge_meta(self, request: Request, version: Microversion) -> Response:
+        return self._update_meta(request, version, replace=False)
+
+    def _put_meta(self, request: Request, version: Microversion) -> Response:
+        return self._update_meta(request, version, replace=True)
+
+    def _update_meta(self, request: Request, version: Microversion, *, replace: bool) -> Response:
+        del version
+        values = metadata_body(request.json(lambda m: nova_error(400, m)), "metadata")
+        server_id = request.params["server_id"]
+        return self._metadata_call(
+            lambda: Response.json(
+                200, {"metadata": self.nova.set_metadata(server_id, values, replace=replace)}
+            )
+        )
+
+    def _set_meta(self, request: Request, version: Microversion) -> Response:
+        del version
+        server_id, key = request.params["server_id"], request.params["key"]
+        values = metadata_body(request.json(lambda m: nova_error(400, m)), "meta")
+        self._metadata_of(server_id)
+        if key not in values:
+            raise nova_error(400, "Request body and URI mismatch")
+
+        def store() -> Response:
+            self.nova.set_metadata(server_id, values)
+            return Response.json(200, {"meta": values})
+
+        return self._metadata_call(store)
+
+    def _del_meta(self, request: Request, version: Microversion) -> Response:
+        del version
+        server_id, key = request.params["server_id"], request.params["key"]
+
+        def delete() -> Response:
+            self.nova.delete_metadata_key(server_id, key)
+            return Response.empty(204)
+
+        return self._metadata_call(delete)
+
     # -- servers: writes --------------------------------------------------------------------------
 
     def _delete(self, request: Request, version: Microversion) -> Response:
@@ -501,11 +605,14 @@ class Compute:
             port = self.neutron.ports.get(str(entry.get("port")))
             if port is not None:
                 port.device_id = server.server_id  # bound until Neutron is told otherwise
-        faults = self.nova.faults
-        if faults.lost_create_responses > 0:
-            faults.lost_create_responses -= 1
+        if self.nova.take_fault("dropped_create_connections"):
+            return Response.drop()
+        if self.nova.take_fault("lost_create_responses"):
+            status = self.nova.faults.lost_create_status
             return Response.html(
-                502, "502 Bad Gateway", "The server was created; this answer was lost (injected)."
+                status,
+                f"{status} {_reason(status)}",
+                "The server was created; this answer was lost (injected).",
             )
         links = self._links(request.base_url, "servers", server.server_id)
         body = {
@@ -804,6 +911,13 @@ class Compute:
             "totalServerGroupsUsed": len(self.nova.server_groups),
         }
         return Response.json(200, {"limits": {"rate": [], "absolute": absolute}})
+
+
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
 
 
 def _power_state(status: str) -> int:

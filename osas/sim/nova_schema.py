@@ -94,6 +94,7 @@ MAX_TAGS = 50
 _MAX_TAG_LENGTH = 60
 _MAX_USER_DATA = 65535
 _MAX_NAME = 255
+METADATA_KEY = re.compile(r"[a-zA-Z0-9\-_:. ]{1,255}")
 UUID_PATTERN = re.compile(r"^[0-9a-fA-F]{8}-?([0-9a-fA-F]{4}-?){3}[0-9a-fA-F]{12}$")
 _TRUE = frozenset({"true", "1", "t", "on", "y", "yes"})
 _FALSE = frozenset({"false", "0", "f", "off", "n", "no", ""})
@@ -201,7 +202,7 @@ class CreateBody:
             flavor_ref=str(server["flavorRef"]),
             image_ref=str(server.get("imageRef") or ""),
             networks=_checked_networks(server.get("networks")),
-            metadata=_checked_metadata(server.get("metadata", {})),
+            metadata=checked_metadata(server.get("metadata", {})),
             tags=checked_tags(server.get("tags", []), "tags"),
             user_data=_checked_user_data(server.get("user_data")),
             key_name=_optional_string(server, "key_name"),
@@ -256,15 +257,34 @@ def _checked_networks(value: Any) -> list[dict[str, Any]] | str | None:
     return value
 
 
-def _checked_metadata(value: Any) -> dict[str, str]:
+def checked_metadata(value: Any, field: str = "metadata") -> dict[str, str]:
+    """Nova's ``metadata`` schema: keys of 1 to 255 characters from ``[a-zA-Z0-9-_:. ]``,
+    string values of at most 255."""
     if not isinstance(value, dict):
-        raise invalid_body("metadata", value, f"{value!r} is not of type 'object'")
+        raise invalid_body(field, value, f"{value!r} is not of type 'object'")
     for key, item in value.items():
-        if not 1 <= len(key) <= _MAX_NAME:
-            raise invalid_body("metadata", value, f"'{key}' does not match any of the regexes")
+        if not METADATA_KEY.fullmatch(key):
+            raise invalid_body(field, value, f"'{key}' does not match any of the regexes")
         if not isinstance(item, str) or len(item) > _MAX_NAME:
-            raise invalid_body(f"metadata/{key}", item, f"{item!r} is not a string of <= 255 chars")
+            raise invalid_body(f"{field}/{key}", item, f"{item!r} is not a string of <= 255 chars")
     return dict(value)
+
+
+def metadata_body(document: Any, wrapper: str) -> dict[str, str]:
+    """The ``{"metadata": {...}}`` or ``{"meta": {...}}`` body of a server metadata call; a
+    ``meta`` body holds exactly one key."""
+    if not isinstance(document, dict):
+        raise invalid_body("body", document, f"{document!r} is not of type 'object'")
+    if wrapper not in document:
+        raise invalid_body("body", document, f"'{wrapper}' is a required property")
+    extra = set(document) - {wrapper}
+    if extra:
+        raise invalid_body("body", document, unexpected_properties(extra))
+    values = checked_metadata(document[wrapper], wrapper)
+    if wrapper == "meta" and len(values) != 1:
+        reason = "has too many properties" if values else "does not have enough properties"
+        raise invalid_body(wrapper, values, f"{values!r} {reason}")
+    return values
 
 
 def checked_tags(value: Any, field: str) -> list[str]:

@@ -21,6 +21,8 @@ class Response:
     status: int
     body: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)
+    # No answer at all: the server closes the connection without a status line.
+    dropped: bool = False
 
     @classmethod
     def json(cls, status: int, payload: Any, headers: Mapping[str, str] | None = None) -> Response:
@@ -36,6 +38,12 @@ class Response:
         """What a load balancer in front of an API answers when the API is not there."""
         body = f"<html><body><h1>{title}</h1>\n{text}\n</body></html>\n".encode()
         return cls(status, body, {"Content-Type": "text/html"})
+
+    @classmethod
+    def drop(cls) -> Response:
+        """Close the connection without answering (status 0 in the simulator's history): the
+        client sees the remote end disconnect, as when a proxy or an API worker dies."""
+        return cls(0, dropped=True)
 
 
 class HttpError(Exception):
@@ -73,6 +81,7 @@ class Request:
 
 
 Handler = Callable[[Request], Response]
+Stall = Callable[[], float]  # seconds a route waits, outside the model's lock, before its handler
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +92,7 @@ class Route:
     handler: Handler
     authenticated: bool = True
     faulty: bool = False  # subject to the injected latency and 5xx (Nova's API calls)
+    stall: Stall | None = None
 
     @property
     def service(self) -> str:
@@ -107,12 +117,21 @@ class Router:
         *,
         authenticated: bool = True,
         faulty: bool = False,
+        stall: Stall | None = None,
     ) -> None:
         # A trailing slash is optional everywhere: clients join base URLs both ways.
         escaped = re.escape(template.rstrip("/")).replace(r"\{", "{").replace(r"\}", "}")
         pattern = re.compile("^" + _PLACEHOLDER.sub(r"(?P<\1>[^/]+)", escaped) + "/?$")
         self._routes.append(
-            Route(method, pattern, operation, handler, authenticated=authenticated, faulty=faulty)
+            Route(
+                method,
+                pattern,
+                operation,
+                handler,
+                authenticated=authenticated,
+                faulty=faulty,
+                stall=stall,
+            )
         )
 
     def match(self, method: str, path: str) -> tuple[Route, dict[str, str]] | None:

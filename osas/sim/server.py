@@ -7,7 +7,9 @@ HTTP/1.1 with keep-alive as keystoneauth's session expects. Every request is rou
 ``calls`` (by operation, e.g. ``compute.servers.list``), delayed and failed as ``nova.faults``
 asks (Nova's API calls only), authenticated against Keystone's tokens, then handled under the
 model's lock. The fault's latency is slept outside the lock, so slow calls overlap as they would
-in front of a real cloud.
+in front of a real cloud; so is a route's stall (``faults.create_stall`` for creates, which are
+then stored and answered late, usually after the client gave up). A handler may answer
+``Response.drop()``: the connection is then closed without a status line, as a dying proxy does.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ class Exchange:
     operation: str  # "" when no route matched
     method: str
     target: str  # path and query string, as sent
-    status: int
+    status: int  # 0 when the connection was closed without an answer
 
 
 class _HttpServer(ThreadingHTTPServer):
@@ -104,13 +106,21 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else b""
         headers = {name.lower(): value for name, value in self.headers.items()}
         response = self.server.simulator.dispatch(self.command, self.path, headers, body)
-        self.send_response(response.status)
-        for name, value in response.headers.items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(response.body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(response.body)
+        if response.dropped:
+            # Nothing written: finish() and the server close the socket, the client reads EOF.
+            self.close_connection = True
+            return
+        try:
+            self.send_response(response.status)
+            for name, value in response.headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(response.body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(response.body)
+        except (BrokenPipeError, ConnectionResetError):
+            # The client gave up first (a stalled create outlived its timeout).
+            self.close_connection = True
 
     # The stdlib dispatches on these names.
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _serve  # noqa: N815
@@ -153,6 +163,7 @@ class SimulatedOpenStack:
         self._requested_port = port
         self._random = random.Random(seed)  # noqa: S311 - fault injection, not security
         self._http: _HttpServer | None = None
+        self._stopping = threading.Event()  # cuts stalls short when the simulator stops
         self._thread: threading.Thread | None = None
         self._port: int | None = None  # kept after stop, for messages about a past run
 
@@ -243,6 +254,7 @@ class SimulatedOpenStack:
         """Listen and serve in a daemon thread; returns once the socket accepts connections."""
         if self._http is not None:
             raise RuntimeError("the simulator is already running")
+        self._stopping.clear()
         self._http = _HttpServer((self.host, self._requested_port), self)
         self._port = int(self._http.server_address[1])
         self._thread = threading.Thread(
@@ -257,6 +269,7 @@ class SimulatedOpenStack:
         http, thread = self._http, self._thread
         if http is None:
             return
+        self._stopping.set()
         http.shutdown()
         # Keep-alive connections would go on being served by their threads: cut them.
         with http.connections_lock:
@@ -391,6 +404,13 @@ class SimulatedOpenStack:
                 return failure
         if route.authenticated and self.identity.token(request.header("X-Auth-Token")) is None:
             return unauthorized(request.base_url)
+        if route.stall is not None:
+            with self.lock:
+                stall = route.stall()
+            # Outside the lock, so other calls go on; a simulator stopping meanwhile answers
+            # nothing and stores nothing.
+            if stall > 0 and self._stopping.wait(stall):
+                return Response.drop()
         with self.lock:
             try:
                 return route.handler(request)
@@ -427,13 +447,18 @@ def run_sim(
     clouds_yaml: Path | None,
     build_seconds: float,
     stop: threading.Event | None = None,
+    *,
+    delete_seconds: float = 0.0,
 ) -> None:
     """Serve a simulated OpenStack until interrupted (Ctrl-C, SIGTERM) or ``stop`` is set.
 
-    Prints the Keystone URL on stdout, and writes the ``osas-sim`` clouds.yaml entry if asked.
+    Servers stay BUILD for ``build_seconds`` and, once deleted, ACTIVE with task_state
+    ``deleting`` for ``delete_seconds``. Prints the Keystone URL on stdout, and writes the
+    ``osas-sim`` clouds.yaml entry if asked.
     """
     stop = stop or threading.Event()
-    simulator = SimulatedOpenStack(FakeNova(build_seconds=build_seconds), port=port)
+    nova = FakeNova(build_seconds=build_seconds, delete_seconds=delete_seconds)
+    simulator = SimulatedOpenStack(nova, port=port)
     with simulator, _stop_on_sigterm(stop):
         if clouds_yaml is not None:
             simulator.write_clouds_yaml(clouds_yaml)
