@@ -1,8 +1,10 @@
 """The composition root: builds every part from the configuration and runs their lifecycle.
 
 Start: gRPC up and NOT_SERVING (RPCs answer UNAVAILABLE) -> first full sync -> workers and
-reconciler -> SERVING. Stop: NOT_SERVING -> stop accepting -> in-flight RPCs finish -> queued
-deletes drained (creates dropped) within the grace period -> cloud closed.
+reconciler -> SERVING. Stop, all within ``shutdown_grace``: mutations refused and health
+NOT_SERVING at once, queued creates dropped with one warning, queued deletes sent, in-flight
+RPCs and cloud calls given the rest of the grace; then whatever is left is abandoned (cloud
+calls run in daemon threads, so nothing holds the process) and the cloud client is closed.
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ class App:
         cluster = config.cluster_spec()
         settings = config.engine_settings()
         self.settings = settings
-        self.inventory = Inventory(cluster)
+        self.inventory = Inventory(cluster, config.ledger_settings())
         self.queue = TaskQueue(settings.queue_capacity)
         self.reconciler = Reconciler(cluster, cloud, self.inventory, self.queue, settings)
         self.workers = Workers(cluster, cloud, self.inventory, self.queue, settings)
@@ -122,7 +124,7 @@ class App:
             try:
                 described = await self.cloud.verify()
                 logger.info("cloud ready", cloud=described)
-                report = await self.reconciler.reconcile_once(full=True)
+                await self.reconciler.reconcile_once(full=True)
             except CloudConfigurationError:
                 raise
             except CloudError as exc:
@@ -130,7 +132,7 @@ class App:
                 await anyio.sleep(delay)
                 delay = min(delay * 2, _FIRST_SYNC_MAX_BACKOFF)
             else:
-                logger.info("first sync done", servers=report.servers)
+                logger.info("first sync done", servers=len(self.inventory.snapshot))
                 return
 
     async def run(self) -> None:
@@ -162,13 +164,27 @@ class App:
             self._workers_done.set()
 
     async def _shutdown(self, background: anyio.abc.TaskGroup) -> None:
-        logger.info("shutting down")
-        await self.server.stop()
-        self.workers.drain()
-        with anyio.move_on_after(self.server_grace if self.serving.is_set() else 0) as scope:
-            await self._workers_done.wait()
-        if scope.cancelled_caught and len(self.queue):
-            logger.warning("shutdown grace over; queued work abandoned", tasks=len(self.queue))
+        grace = self.server_grace
+        logger.info("shutting down", grace_seconds=grace)
+        self.controller.stop_accepting()
+        dropped = self.workers.drain()
+        if dropped:
+            logger.warning(
+                "queued creates dropped at shutdown; the Cluster Autoscaler asks again",
+                dropped=sum(dropped.values()),
+                groups=dropped,
+            )
+        with anyio.move_on_after(grace) as scope:
+            async with anyio.create_task_group() as stopping:
+                stopping.start_soon(self.server.stop)
+                if self.serving.is_set():
+                    await self._workers_done.wait()
+        if scope.cancelled_caught:
+            logger.error(
+                "shutdown grace over; work abandoned",
+                deletes_not_sent=self.queue.queued_deletes(),
+                tasks_in_flight=self.queue.in_hand_count() - len(self.queue),
+            )
         background.cancel_scope.cancel()
 
     @property

@@ -33,6 +33,7 @@ from pydantic_settings import (
 from osas.cloud.openstack_settings import OpenStackAuth as CloudAuth
 from osas.cloud.openstack_settings import OpenStackSettings
 from osas.domain.ids import NAME_MAX_LENGTH, NAME_PATTERN, ProviderIdFormat
+from osas.domain.ledger import LedgerSettings
 from osas.domain.limits import MAX_GROUP_SIZE
 from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST
 from osas.domain.specs import (
@@ -222,6 +223,10 @@ class ReconcileConfig(_Strict):
     retry_backoff: PositiveDuration = timedelta(seconds=1)
     # A delete that failed for good is sent again when the server is still listed this long after.
     delete_retry_after: PositiveDuration = timedelta(minutes=2)
+    # A create whose outcome is unknown (timeout, 5xx, lost answer) is never sent again; if no
+    # server of it is listed within this window it is reported failed. Longer than
+    # openstack.api_timeout plus the longest Nova may take to store a server it was sent.
+    create_doubt_window: PositiveDuration = timedelta(minutes=3)
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
@@ -392,6 +397,14 @@ class OsasConfig(BaseSettings):
                 f"listen {self.listen} is not a loopback address: serving plaintext there "
                 "also needs 'insecure_non_loopback: true'"
             )
+        window = self.reconcile.create_doubt_window.total_seconds()
+        timeout = self.openstack.api_timeout.total_seconds()
+        if window <= timeout:
+            raise ValueError(
+                f"reconcile.create_doubt_window ({window:g}s) must be longer than "
+                f"openstack.api_timeout ({timeout:g}s): Nova may still store a create after "
+                "the client gave up waiting for it"
+            )
         if self.listen == self.health_listen and not self.listen.endswith(":0"):
             raise ValueError("listen and health_listen must differ")
         seen: set[str] = set()
@@ -419,6 +432,11 @@ class OsasConfig(BaseSettings):
             full_resync_interval=self.reconcile.full_resync_interval.total_seconds(),
             max_inventory_age=self.reconcile.max_inventory_age.total_seconds(),
             retry_backoff=self.reconcile.retry_backoff.total_seconds(),
+        )
+
+    def ledger_settings(self) -> LedgerSettings:
+        return LedgerSettings(
+            doubt_window=self.reconcile.create_doubt_window.total_seconds(),
             delete_retry_after=self.reconcile.delete_retry_after.total_seconds(),
         )
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -16,7 +18,8 @@ import trustme
 import yaml
 
 from osas.app import App
-from osas.cloud.fake import FakeCloud, FakeNova
+from osas.cloud.fake import FakeCloud, FakeNova, FakeServer
+from osas.cloud.openstack import OpenStackCloud
 from osas.cloud.openstack_settings import OpenStackAuth, OpenStackSettings
 from osas.cloud.port import Cloud
 from osas.config import OsasConfig, load_config
@@ -245,3 +248,99 @@ def seed_ours(nova: FakeNova, count: int, group: str = "workers") -> list[str]:
 def nodes(pairs: list[tuple[str, str]]) -> list[NodeInfo]:
     """Nodes as CA names them in DeleteNodes: (name, provider id)."""
     return [NodeInfo(name, pid) for name, pid in pairs]
+
+
+# -- osas against the simulated OpenStack ----------------------------------------------------------
+
+BIG = {
+    "id": "big",
+    "min_size": 0,
+    "max_size": 60,
+    "flavor": "m1.small",
+    "image": "ubuntu-24.04",
+    "networks": ["cluster-net"],
+}
+# Short, so that creates left in doubt by injected faults are given up within a test.
+API_TIMEOUT = 2.0
+
+
+def cloud_for(sim: SimulatedOpenStack, **overrides: Any) -> OpenStackCloud:
+    return OpenStackCloud(settings_for(sim, **{"api_timeout": API_TIMEOUT, **overrides}))
+
+
+def big_config(tmp_path: Path, **overrides: Any) -> OsasConfig:
+    """One group "big" (0..60), fast reconciliation, short timeouts and doubt window."""
+    values: dict[str, Any] = {
+        "node_groups": [BIG],
+        "queue": {"capacity": 200, "workers": 8},
+        "reconcile": {
+            "interval": "0.2s",
+            "full_resync_interval": "1s",
+            "max_inventory_age": "1h",
+            "retry_backoff": "0.01s",
+            "delete_retry_after": "0.5s",
+            "create_doubt_window": f"{API_TIMEOUT + 1}s",
+        },
+        "openstack": {"api_timeout": f"{API_TIMEOUT}s"},
+    }
+    data = config_data(**{**values, **overrides})
+    return load_config(write_config(tmp_path, data))
+
+
+def ours(sim: SimulatedOpenStack, group: str = "big") -> list[FakeServer]:
+    """Live servers of a group in the simulated Nova."""
+    return [s for s in sim.nova.live_servers() if s.metadata.get(META_GROUP) == group]
+
+
+def kept(instances: list[pb.Instance]) -> list[pb.Instance]:
+    """Instances that are servers, not being deleted, without error: what CA waits for."""
+    return [
+        i
+        for i in instances
+        if i.status.instanceState != pb.InstanceStatus.instanceDeleting
+        and not i.status.HasField("errorInfo")
+        and i.id.startswith("openstack:///")
+    ]
+
+
+async def ca_loop_until(
+    ca: CaClient,
+    want: int,
+    sim: SimulatedOpenStack,
+    deadline: float,
+    group: str = "big",
+) -> None:
+    """What CA does each loop: clean up failed creates, ask for what is missing, until Nova
+    holds ``want`` servers and the target agrees."""
+    while time.monotonic() < deadline:
+        await ca.refresh()
+        instances = await ca.nodes(group)
+        failed = [i for i in instances if i.status.HasField("errorInfo")]
+        if failed:
+            await ca.delete(group, [(i.id, i.id) for i in failed])
+        target = await ca.target_size(group)
+        if target < want:
+            await ca.increase(group, want - target)
+        if target == want and len(kept(instances)) == want and len(ours(sim, group)) == want:
+            return
+        await asyncio.sleep(0.2)
+    msg = f"did not converge on {want}: Nova has {len(ours(sim, group))}"
+    raise AssertionError(msg)
+
+
+def read_events(
+    process: subprocess.Popen[str], until: str, deadline: float
+) -> list[dict[str, Any]]:
+    """JSON log events of an ``osas serve`` process, up to the first ``until`` event."""
+    events = []
+    assert process.stderr is not None
+    while time.monotonic() < deadline:
+        line = process.stderr.readline()
+        if not line:
+            break
+        event = json.loads(line)
+        events.append(event)
+        if event["event"] == until:
+            return events
+    msg = f"no {until!r} event; got {[e['event'] for e in events]}"
+    raise AssertionError(msg)

@@ -6,6 +6,7 @@ import uuid
 
 import grpc
 import pytest
+from structlog.testing import capture_logs
 from support import (
     CLUSTER,
     CaClient,
@@ -152,12 +153,31 @@ async def test_delete_nodes_refusals(world):
         (NOT_FOUND, [node(provider_id(world.foreign))]),  # another cluster's server
         (NOT_FOUND, [node(provider_id(world.unmarked))]),  # a server without our marks
         (NOT_FOUND, [node(provider_id(str(uuid.uuid4())))]),  # nobody's server
-        (NOT_FOUND, [node(f"osas://workers/{uuid.uuid4().hex}")]),  # unknown placeholder
+        (INVALID, [node(f"osas://gpu/{uuid.uuid4().hex}")]),  # a placeholder of another group
+        (INVALID, [node(f"osas://nope/{uuid.uuid4().hex}")]),  # of a group not configured
         (NOT_FOUND, [node("", name="stranger")]),  # name-only, not a server of ours
         (PRECONDITION, [node(w0), node(w1)]),  # 2 - 2 < min size 1
     ]
     for code, nodes in cases:
         await refused(world, code, ca.delete("workers", nodes))
+    assert len(world.provider.nova.live_servers()) == 5
+
+
+async def test_delete_of_an_unknown_placeholder_is_harmless(world):
+    """CA's instance cache outlives an osas restart: a DeleteNodes of a placeholder of a
+    configured group that this process does not know succeeds, changes nothing, and is logged
+    (CA skips its whole clean-up loop when this call fails)."""
+    ca = world.ca
+    stale = f"osas://workers/{uuid.uuid4().hex}"
+    before = await world.snapshot()
+    with capture_logs() as logs:
+        await ca.delete("workers", [node(stale, name=stale)])
+        await ca.delete("workers", [node(stale, name=stale)])  # and again, as CA repeats it
+    assert await world.snapshot() == before
+    unknown = [e for e in logs if e["event"] == "unknown-placeholder"]
+    assert [e["request_id"] for e in unknown] == [stale.rpartition("/")[2]]  # told once
+    accepted = [e for e in logs if e["event"] == "scale-down accepted"]
+    assert [(e["servers"], e["repeats"]) for e in accepted] == [(0, 1), (0, 1)]
     assert len(world.provider.nova.live_servers()) == 5
 
 

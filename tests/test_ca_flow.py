@@ -142,7 +142,7 @@ async def test_quota_failure_reported_then_cleaned_up_by_fake_node(tmp_path):
         assert await ca.target_size("workers") == 3
 
         def failed() -> bool:
-            return len(provider.app.inventory.failures_of("workers")) == 2
+            return len(provider.app.inventory.ledger.failures_of("workers")) == 2
 
         await eventually(failed, what="two failed creates")
         instances = await ca.nodes("workers")

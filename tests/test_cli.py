@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -13,7 +12,7 @@ import grpc
 import openstack
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from support import config_data, write_config
+from support import config_data, read_events, write_config
 
 from osas import __version__
 from osas.cloud.fake import FakeNova
@@ -27,21 +26,6 @@ def test_version():
         [sys.executable, "-m", "osas", "--version"], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == f"osas {__version__}"
-
-
-def read_events(process: subprocess.Popen[str], until: str, deadline: float) -> list[dict]:
-    events = []
-    assert process.stderr is not None
-    while time.monotonic() < deadline:
-        line = process.stderr.readline()
-        if not line:
-            break
-        event = json.loads(line)
-        events.append(event)
-        if event["event"] == until:
-            return events
-    msg = f"no {until!r} event; got {[e['event'] for e in events]}"
-    raise AssertionError(msg)
 
 
 def test_serve_answers_then_stops_gracefully_on_sigterm(tmp_path):

@@ -1,5 +1,6 @@
-"""Unit tests of the pure domain layer: ids, ownership, inventory, sizing plans, templates,
-options and prices. Everything here is a plain value; no I/O, no mocks, fake monotonic time."""
+"""Unit tests of the pure domain layer: ids, ownership, inventory, the ledger, sizing plans,
+templates, options and prices. Everything here is a plain value; no I/O, no mocks, fake monotonic
+time."""
 
 from __future__ import annotations
 
@@ -25,12 +26,22 @@ from osas.domain.ids import (
     parse_placeholder_id,
     placeholder_id,
 )
-from osas.domain.inventory import (
-    REMOVED_MEMORY_SECONDS,
-    CreateStage,
-    Instance,
-    InstanceState,
-    Inventory,
+from osas.domain.inventory import Instance, InstanceState, Inventory
+from osas.domain.ledger import (
+    IN_DOUBT_CODE,
+    Created,
+    CreateState,
+    DecreasePlan,
+    DeleteOrder,
+    DeleteOutcome,
+    DeletePlan,
+    DeleteReason,
+    EventKind,
+    InDoubt,
+    LedgerSettings,
+    Next,
+    NotSent,
+    Refused,
 )
 from osas.domain.limits import MAX_NODE_ID_LENGTH
 from osas.domain.options import AutoscalingOptions, group_options
@@ -48,7 +59,7 @@ from osas.domain.servers import (
     ServerRecord,
     classify_fault,
 )
-from osas.domain.sizing import DeletePlan, plan_decrease, plan_delete, plan_increase
+from osas.domain.sizing import plan_decrease, plan_delete, plan_increase
 from osas.domain.specs import (
     BootVolume,
     ClusterSpec,
@@ -67,6 +78,7 @@ IDS = ProviderIdFormat()
 UUID = "0b7c7d4e-5a1f-4c3b-9d2e-8f6a1b2c3d4e"
 REQ = "5f0e3c2a9b8d4e7fa1b2c3d4e5f60718"
 QUOTA = ErrorInfo("QuotaExceeded", "Quota exceeded for instances", ErrorClass.OUT_OF_RESOURCES)
+UNREACHABLE = ErrorInfo("ConnectFailure", "connection refused", ErrorClass.OTHER)
 
 
 # -- builders -------------------------------------------------------------------------------------
@@ -101,6 +113,7 @@ def server(
     request_id: str | None = None,
     fault: Fault | None = None,
     server_id: str | None = None,
+    created: str = "",
 ) -> Server:
     server_id = server_id or str(uuid.uuid4())
     return Server(
@@ -111,6 +124,7 @@ def server(
         task_state=task_state,
         request_id=request_id,
         fault=fault,
+        created=created,
     )
 
 
@@ -130,50 +144,84 @@ def fake_node(instance_id: str) -> tuple[str, str]:
     return (instance_id, instance_id)
 
 
-def full_sync(inv: Inventory, *servers: Server, now: float = 100.0):
-    return inv.apply_full_sync(inv.begin_sync(), servers, now)
+def full_sync(inv: Inventory, *servers: Server, now: float = 100.0) -> Next:
+    """A complete listing, begun now and settled at once."""
+    return inv.ledger.settle_full(inv.ledger.begin_sync(), servers, now)
 
 
-def inventory(spec: ClusterSpec | None = None, *servers: Server, now: float = 100.0) -> Inventory:
-    inv = Inventory(spec or cluster())
+def changes(
+    inv: Inventory, changed: list[Server], gone: list[str] | None = None, now: float = 100.0
+) -> Next:
+    """An incremental listing, begun now and settled at once."""
+    return inv.ledger.settle_changes(inv.ledger.begin_sync(), changed, gone or [], now)
+
+
+def inventory(
+    spec: ClusterSpec | None = None,
+    *servers: Server,
+    now: float = 100.0,
+    settings: LedgerSettings | None = None,
+) -> Inventory:
+    inv = Inventory(spec or cluster(), settings)
     full_sync(inv, *servers, now=now)
     return inv
 
 
-def queued(inv: Inventory, group_id: str = "workers") -> str:
-    request_id = rid()
-    inv.add_creates(group_id, [request_id])
+def queued(inv: Inventory, group_id: str = "workers", now: float = NOW) -> str:
+    (request_id,) = inv.ledger.accept_creates(group_id, 1, now)
     return request_id
 
 
-def submitting(inv: Inventory, group_id: str = "workers") -> str:
+def sending(inv: Inventory, group_id: str = "workers") -> str:
     request_id = queued(inv, group_id)
-    assert inv.start_create(request_id) is not None
+    assert inv.ledger.take_create(request_id) is not None
     return request_id
 
 
 def created(inv: Inventory, group_id: str = "workers") -> tuple[str, Server]:
-    request_id = submitting(inv, group_id)
+    request_id = sending(inv, group_id)
     srv = server(group_id, "BUILD", request_id=request_id)
-    inv.create_succeeded(request_id, srv)
+    inv.ledger.finish_create(request_id, Created(srv), NOW)
     return request_id, srv
 
 
 def failed(inv: Inventory, group_id: str = "workers", error: ErrorInfo = QUOTA) -> str:
-    request_id = submitting(inv, group_id)
-    inv.create_failed(request_id, error, NOW)
+    request_id = sending(inv, group_id)
+    inv.ledger.finish_create(request_id, Refused(error), NOW)
     return request_id
 
 
-def apply_delete(inv: Inventory, plan: DeletePlan, now: float) -> None:
-    """Apply a delete plan to the ledger the way the engine does."""
-    inv.mark_deleting(plan.servers, now)
-    for request_id in plan.failures:
-        inv.remove_failure(request_id, now)
-    for request_id in plan.cancels:
-        inv.cancel_create(request_id, now)
-    for request_id in plan.dooms:
-        inv.doom_create(request_id)
+def in_doubt(inv: Inventory, group_id: str = "workers", now: float = NOW) -> str:
+    request_id = sending(inv, group_id)
+    inv.ledger.finish_create(request_id, InDoubt("read timeout"), now)
+    return request_id
+
+
+def mark(inv: Inventory, *server_ids: str, group_id: str = "workers", now: float = 101.0) -> Next:
+    """CA's DeleteNodes of listed servers, accepted."""
+    return inv.ledger.accept_delete(DeletePlan(group_id, servers=server_ids), now)
+
+
+def give_up(inv: Inventory, request_id: str, group_id: str = "workers", now: float = 101.0) -> Next:
+    """CA's DeleteNodes of the placeholder of a create being sent or in doubt, accepted."""
+    return inv.ledger.accept_delete(DeletePlan(group_id, give_ups=(request_id,)), now)
+
+
+def cancel(inv: Inventory, request_id: str, now: float = 101.0) -> Next:
+    """CA's DecreaseTargetSize of a queued create, accepted."""
+    return inv.ledger.accept_decrease(DecreasePlan(failures=(), cancels=(request_id,)), now)
+
+
+def remove_failure(
+    inv: Inventory, request_id: str, group_id: str = "workers", now: float = 101.0
+) -> Next:
+    """CA's DeleteNodes of the placeholder of a failed create, accepted."""
+    return inv.ledger.accept_delete(DeletePlan(group_id, failures=(request_id,)), now)
+
+
+def state(inv: Inventory, request_id: str) -> CreateState | None:
+    create = inv.ledger.create(request_id)
+    return None if create is None else create.state
 
 
 def by_id(instances: list[Instance]) -> dict[str, Instance]:
@@ -501,17 +549,19 @@ def test_target_size_counts_servers_creates_and_failures():
         server("gpu"),
     )
     assert inv.target_size("workers") == 5
-    inv.mark_deleting([marked.server_id], 101.0)
+    mark(inv, marked.server_id)
     assert inv.target_size("workers") == 4
     queued(inv)
-    submitting(inv)
+    sending(inv)
     created(inv)
     assert inv.target_size("workers") == 7
     failed(inv)
     assert inv.target_size("workers") == 8
-    doomed = submitting(inv)
-    inv.doom_create(doomed)
-    assert inv.target_size("workers") == 8
+    in_doubt(inv)
+    assert inv.target_size("workers") == 9
+    given_up = sending(inv)
+    give_up(inv, given_up)
+    assert inv.target_size("workers") == 9
     assert inv.target_size("gpu") == 1
     assert inv.target_size("nope") == 0
 
@@ -537,7 +587,7 @@ def test_instances_states():
     task_deleting = server(task_state="deleting")
     shutoff = server(status="SHUTOFF")
     inv = inventory(None, build, active, error, marked, task_deleting, shutoff, server("gpu"))
-    inv.mark_deleting([marked.server_id, error.server_id], 101.0)
+    mark(inv, marked.server_id, error.server_id)
     got = by_id(inv.instances("workers"))
     assert len(got) == 6
     assert got[pid(build)] == Instance(pid(build), InstanceState.CREATING)
@@ -564,14 +614,15 @@ def test_instances_error_server_is_creating_with_error_info():
     assert got[pid(silent)].error.code
 
 
-def test_instances_pending_and_failed_creates():
+def test_instances_of_creates_in_hand_omit_given_up_ones():
     inv = inventory()
     queued_id = queued(inv)
-    flight_id = submitting(inv)
+    flight_id = sending(inv)
     created_id, created_srv = created(inv)
     failed_id = failed(inv)
-    doomed_id = submitting(inv)
-    inv.doom_create(doomed_id)
+    doubt_id = in_doubt(inv)
+    given_up_id = sending(inv)
+    give_up(inv, given_up_id)
     got = by_id(inv.instances("workers"))
     assert got == {
         f"osas://workers/{queued_id}": Instance(
@@ -584,11 +635,12 @@ def test_instances_pending_and_failed_creates():
         f"osas://workers/{failed_id}": Instance(
             f"osas://workers/{failed_id}", InstanceState.CREATING, QUOTA
         ),
-        f"osas://workers/{doomed_id}": Instance(
-            f"osas://workers/{doomed_id}", InstanceState.DELETING
+        f"osas://workers/{doubt_id}": Instance(
+            f"osas://workers/{doubt_id}", InstanceState.CREATING
         ),
     }
     assert created_id not in "".join(got)
+    assert given_up_id not in "".join(got)
     assert inv.instances("gpu") == []
 
 
@@ -626,85 +678,98 @@ def test_not_synced_until_first_full_sync():
 def test_full_sync_replaces_the_servers_whole():
     a, b, c = server(), server(), server("gpu")
     inv = inventory(None, a, b)
-    report = full_sync(inv, b, c, now=110.0)
-    assert {s.server_id for s in inv.servers()} == {b.server_id, c.server_id}
+    full_sync(inv, b, c, now=110.0)
+    assert {s.server_id for s in inv.snapshot.servers()} == {b.server_id, c.server_id}
     assert inv.server(a.server_id) is None
-    assert report.servers == 2
-    assert inv.recently_removed(pid(a))
-    assert not inv.recently_removed(pid(b))
+    assert len(inv.snapshot) == 2
+    assert inv.ledger.recently_removed(pid(a))
+    assert not inv.ledger.recently_removed(pid(b))
 
 
 def test_full_sync_drops_deleted_status_servers():
     a = server()
     inv = inventory(None, a)
     full_sync(inv, server(status="DELETED", server_id=a.server_id))
-    assert inv.servers() == []
-    assert inv.recently_removed(pid(a))
+    assert list(inv.snapshot.servers()) == []
+    assert inv.ledger.recently_removed(pid(a))
 
 
 def test_incremental_sync_merges():
     a, b, c = server(), server(), server()
     inv = inventory(None, a, b)
     a_error = server(status="ERROR", server_id=a.server_id, name=a.name)
-    report = inv.apply_changes(inv.begin_sync(), [a_error, c], [b.server_id], 120.0)
-    assert {s.server_id for s in inv.servers()} == {a.server_id, c.server_id}
+    changes(inv, [a_error, c], [b.server_id], now=120.0)
+    assert {s.server_id for s in inv.snapshot.servers()} == {a.server_id, c.server_id}
     assert inv.server(a.server_id) == a_error
-    assert report.servers == 2
+    assert len(inv.snapshot) == 2
     assert inv.age(120.0) == 0.0
-    assert inv.recently_removed(pid(b))
+    assert inv.ledger.recently_removed(pid(b))
 
 
 def test_server_gone_from_listing_drops_its_deleting_mark():
     a, b = server(), server()
     inv = inventory(None, a, b)
-    inv.mark_deleting([a.server_id, b.server_id], 101.0)
-    assert inv.deleting_ids() == sorted([a.server_id, b.server_id])
-    report = full_sync(inv, b, now=110.0)
-    assert inv.deleting_ids() == [b.server_id]
-    assert report.deleted == 1
-    report = inv.apply_changes(inv.begin_sync(), [], [b.server_id], 120.0)
-    assert inv.deleting_ids() == []
-    assert report.deleted == 1
+    mark(inv, a.server_id, b.server_id)
+    assert inv.ledger.deleting_ids() == sorted([a.server_id, b.server_id])
+    steps = full_sync(inv, b, now=110.0)
+    assert inv.ledger.deleting_ids() == [b.server_id]
+    assert steps.count(EventKind.SERVER_DELETED) == 1
+    steps = changes(inv, [], [b.server_id], now=120.0)
+    assert inv.ledger.deleting_ids() == []
+    assert steps.count(EventKind.SERVER_DELETED) == 1
 
 
 def test_mark_on_unlisted_server_kept_by_older_sync_dropped_by_newer():
     inv = inventory()
     unseen = str(uuid.uuid4())
-    older = inv.begin_sync()
-    inv.mark_deleting([unseen], 101.0)
-    inv.apply_full_sync(older, [], 102.0)
-    assert inv.deleting_ids() == [unseen]
+    older = inv.ledger.begin_sync()
+    mark(inv, unseen, now=101.0)
+    inv.ledger.settle_full(older, [], 102.0)
+    assert inv.ledger.deleting_ids() == [unseen]
     full_sync(inv, now=103.0)
-    assert inv.deleting_ids() == []
+    assert inv.ledger.deleting_ids() == []
 
 
-def test_stale_deletions():
+def test_stale_delete_is_sent_again():
     a = server()
+    retry = LedgerSettings().delete_retry_after
     inv = inventory(None, a)
-    inv.mark_deleting([a.server_id], 100.0)
-    inv.mark_deleting([a.server_id], 150.0)  # a repeat keeps the first mark
-    assert inv.stale_deletions(159.0, older_than=60.0) == []
-    assert inv.stale_deletions(160.0, older_than=60.0) == [a]
+    requested = DeleteOrder(a.server_id, "workers", DeleteReason.REQUESTED)
+    resend = DeleteOrder(a.server_id, "workers", DeleteReason.RESEND)
+    assert mark(inv, a.server_id, now=100.0).deletes == (requested,)
+    assert mark(inv, a.server_id, now=150.0).deletes == ()  # a repeat keeps the first mark
+    assert full_sync(inv, a, now=100.0 + retry - 1).deletes == ()
+    assert full_sync(inv, a, now=100.0 + retry).deletes == (resend,)
+    assert full_sync(inv, a, now=100.0 + retry + 1).deletes == ()
+    # Incremental listings resend too; a delete the worker reports sent restarts the clock.
+    assert changes(inv, [], now=100.0 + 2 * retry).deletes == (resend,)
+    inv.ledger.finish_delete(a.server_id, DeleteOutcome.SENT, 100.0 + 3 * retry - 1)
+    assert changes(inv, [], now=100.0 + 3 * retry).deletes == ()
+    assert changes(inv, [], now=100.0 + 4 * retry - 1).deletes == (resend,)
 
 
 def test_forget_server():
     a = server()
     inv = inventory(None, a)
-    inv.mark_deleting([a.server_id], 101.0)
-    inv.forget_server(a.server_id, NOW)
+    mark(inv, a.server_id)
+    inv.ledger.finish_delete(a.server_id, DeleteOutcome.GONE, NOW)
     assert inv.server(a.server_id) is None
-    assert inv.deleting_ids() == []
     assert inv.target_size("workers") == 0
+    # The mark outlives listings begun before the 404, and goes with the next one.
+    assert inv.ledger.deleting_ids() == [a.server_id]
+    full_sync(inv, now=NOW + 1)
+    assert inv.ledger.deleting_ids() == []
 
 
 def test_created_create_settles_once_listed():
     inv = inventory()
     request_id, srv = created(inv)
-    assert inv.pending(request_id).stage is CreateStage.CREATED
-    assert inv.pending_by_server(srv.server_id) is not None
-    report = full_sync(inv, srv, now=110.0)
-    assert report.settled_creates == 1
-    assert inv.pending(request_id) is None
+    assert state(inv, request_id) is CreateState.CREATED
+    assert inv.ledger.create_of_server(srv.server_id) is not None
+    steps = full_sync(inv, srv, now=110.0)
+    assert steps.count(EventKind.CREATE_SETTLED) == 1
+    assert inv.ledger.create(request_id) is None
+    assert inv.ledger.create_of_server(srv.server_id) is None
     assert inv.target_size("workers") == 1
     assert [i.instance_id for i in inv.instances("workers")] == [pid(srv)]
 
@@ -714,102 +779,122 @@ def test_created_create_settles_by_request_id():
     request_id, _ = created(inv)
     # The listing shows the create's server under another id (its answer was unreliable).
     listed = server(request_id=request_id)
-    report = inv.apply_changes(inv.begin_sync(), [listed], [], 110.0)
-    assert report.settled_creates == 1
-    assert inv.pending(request_id) is None
+    steps = changes(inv, [listed], now=110.0)
+    assert steps.count(EventKind.CREATE_SETTLED) == 1
+    assert inv.ledger.create(request_id) is None
     assert inv.target_size("workers") == 1
     assert [i.instance_id for i in inv.instances("workers")] == [pid(listed)]
 
 
 def test_in_flight_create_listed_by_request_id_is_not_counted_twice():
     inv = inventory()
-    request_id = submitting(inv)
+    request_id = sending(inv)
     listed = server(status="BUILD", request_id=request_id)
     full_sync(inv, listed)
     assert inv.target_size("workers") == 1
     assert [i.instance_id for i in inv.instances("workers")] == [pid(listed)]
-    # The answer arrives after the listing: the create settles at once.
-    inv.create_succeeded(request_id, listed)
-    assert inv.pending(request_id) is None
+    # The answer arrives after the listing: the create is settled already.
+    inv.ledger.finish_create(request_id, Created(listed), NOW)
+    assert inv.ledger.create(request_id) is None
     assert inv.target_size("workers") == 1
 
 
 def test_created_create_absent_from_later_full_sync_is_dropped():
     inv = inventory()
     request_id, _ = created(inv)
-    report = full_sync(inv, now=110.0)
-    assert report.vanished_creates == 1
-    assert inv.pending(request_id) is None
+    steps = full_sync(inv, now=110.0)
+    assert steps.count(EventKind.CREATE_VANISHED) == 1
+    assert inv.ledger.create(request_id) is None
     assert inv.target_size("workers") == 0
     assert inv.instances("workers") == []
 
 
 def test_created_create_absent_from_earlier_sync_is_kept():
     inv = inventory()
-    older = inv.begin_sync()
+    older = inv.ledger.begin_sync()
     request_id, srv = created(inv)
-    report = inv.apply_full_sync(older, [], 110.0)
-    assert report.vanished_creates == 0
-    assert inv.pending(request_id) is not None
+    steps = inv.ledger.settle_full(older, [], 110.0)
+    assert steps.count(EventKind.CREATE_VANISHED) == 0
+    assert inv.ledger.create(request_id) is not None
     assert inv.target_size("workers") == 1
     # An incremental listing proves nothing about absence either.
-    inv.apply_changes(inv.begin_sync(), [], [], 111.0)
-    assert inv.pending(request_id) is not None
+    changes(inv, [], now=111.0)
+    assert inv.ledger.create(request_id) is not None
     assert by_id(inv.instances("workers"))[pid(srv)].state is InstanceState.CREATING
 
 
 def test_queued_and_in_flight_creates_survive_full_syncs():
     inv = inventory()
-    waiting, flying = queued(inv), submitting(inv)
+    waiting, flying = queued(inv), sending(inv)
     full_sync(inv, now=110.0)
     full_sync(inv, now=120.0)
-    assert inv.pending(waiting) is not None
-    assert inv.pending(flying) is not None
+    assert inv.ledger.create(waiting) is not None
+    assert inv.ledger.create(flying) is not None
     assert inv.target_size("workers") == 2
 
 
-def test_failed_create_dropped_when_its_server_shows_up():
+def test_failed_create_stays_failed_and_its_server_is_deleted_when_it_shows_up():
     inv = inventory()
     request_id = failed(inv)
-    assert inv.failure(request_id) is not None
+    failure = inv.ledger.create(request_id)
+    assert failure is not None
+    assert failure.state is CreateState.FAILED
     assert inv.target_size("workers") == 1
     listed = server(request_id=request_id)
-    full_sync(inv, listed, now=110.0)
-    assert inv.failure(request_id) is None
-    assert inv.failures_of("workers") == []
+    steps = full_sync(inv, listed, now=110.0)
+    assert steps.deletes == (DeleteOrder(listed.server_id, "workers", DeleteReason.ORPHAN),)
+    assert steps.count(EventKind.CREATE_SETTLED) == 0
+    assert inv.ledger.failures_of("workers") == [failure]
+    assert inv.ledger.deleting_ids() == [listed.server_id]
     assert inv.target_size("workers") == 1
-    assert [i.instance_id for i in inv.instances("workers")] == [pid(listed)]
+    placeholder = f"osas://workers/{request_id}"
+    assert by_id(inv.instances("workers")) == {
+        pid(listed): Instance(pid(listed), InstanceState.DELETING),
+        placeholder: Instance(placeholder, InstanceState.CREATING, QUOTA),
+    }
 
 
 def test_failed_create_whose_server_is_already_listed_is_not_counted():
     inv = inventory()
-    request_id = submitting(inv)
+    request_id = sending(inv)
     listed = server(status="BUILD", request_id=request_id)
     full_sync(inv, listed, now=110.0)
-    inv.create_failed(request_id, QUOTA, NOW)
+    assert inv.ledger.finish_create(request_id, Refused(QUOTA), NOW) == Next()
+    assert inv.ledger.failures_of("workers") == []
     assert inv.target_size("workers") == 1
     assert [i.instance_id for i in inv.instances("workers")] == [pid(listed)]
 
 
 def test_removed_ids_are_forgotten_after_a_while():
     a = server()
+    memory = LedgerSettings().removed_memory
     inv = inventory(None, a, now=0.0)
     full_sync(inv, now=10.0)
-    assert inv.recently_removed(pid(a))
-    full_sync(inv, now=10.0 + REMOVED_MEMORY_SECONDS)
-    assert inv.recently_removed(pid(a))
-    full_sync(inv, now=11.0 + REMOVED_MEMORY_SECONDS)
-    assert not inv.recently_removed(pid(a))
+    assert inv.ledger.recently_removed(pid(a))
+    full_sync(inv, now=10.0 + memory)
+    assert inv.ledger.recently_removed(pid(a))
+    full_sync(inv, now=11.0 + memory)
+    assert not inv.ledger.recently_removed(pid(a))
 
 
 def test_ledger_updates_on_unknown_requests_are_harmless():
     inv = inventory()
     unknown = rid()
-    assert inv.start_create(unknown) is None
-    inv.create_succeeded(unknown, server())
-    inv.create_failed(unknown, QUOTA, NOW)
-    inv.cancel_create(unknown, 101.0)
-    inv.remove_failure(unknown, 101.0)
+    stranger = server()
+    ledger = inv.ledger
+    assert ledger.take_create(unknown) is None
+    assert ledger.finish_create(unknown, Created(stranger), NOW) == Next()
+    assert ledger.finish_create(unknown, Refused(QUOTA), NOW) == Next()
+    assert ledger.finish_create(unknown, NotSent(UNREACHABLE), NOW) == Next()
+    assert ledger.finish_create(unknown, InDoubt("read timeout"), NOW) == Next()
+    assert ledger.accept_decrease(DecreasePlan(failures=(unknown,), cancels=(unknown,)), 101.0) == (
+        Next()
+    )
+    plan = DeletePlan("workers", failures=(unknown,), cancels=(unknown,), give_ups=(unknown,))
+    assert ledger.accept_delete(plan, 101.0) == Next()
+    for outcome in (DeleteOutcome.SENT, DeleteOutcome.FAILED, DeleteOutcome.NOT_OURS):
+        assert ledger.finish_delete(stranger.server_id, outcome, 101.0) == Next()
+    assert ledger.deleting_ids() == []
     assert inv.target_size("workers") == 0
     assert inv.instances("workers") == []
 
@@ -817,17 +902,18 @@ def test_ledger_updates_on_unknown_requests_are_harmless():
 def test_cancelled_create_is_never_started():
     inv = inventory()
     request_id = queued(inv)
-    inv.cancel_create(request_id, 101.0)
-    assert inv.start_create(request_id) is None
-    assert inv.recently_removed(f"osas://workers/{request_id}")
+    cancel(inv, request_id)
+    assert inv.ledger.take_create(request_id) is None
+    assert inv.ledger.recently_removed(f"osas://workers/{request_id}")
 
 
-def test_doomed_create_that_fails_reports_nothing():
+def test_given_up_create_that_fails_reports_nothing():
     inv = inventory()
-    request_id = submitting(inv)
-    inv.doom_create(request_id)
-    inv.create_failed(request_id, QUOTA, NOW)
-    assert inv.failure(request_id) is None
+    request_id = sending(inv)
+    give_up(inv, request_id)
+    assert inv.ledger.finish_create(request_id, Refused(QUOTA), NOW) == Next()
+    assert inv.ledger.create(request_id) is None
+    assert inv.ledger.failures_of("workers") == []
     assert inv.instances("workers") == []
 
 
@@ -922,26 +1008,27 @@ def test_plan_decrease_limited_to_failed_and_queued():
 def test_plan_decrease_never_touches_servers_or_creates_in_flight():
     spec = cluster()
     inv = inventory(spec, server(), server(status="BUILD"), server(status="ERROR"))
-    flying = submitting(inv)
+    flying = sending(inv)
     created_id, _ = created(inv)
+    doubtful = in_doubt(inv)
     waiting = queued(inv)
     plan = plan_decrease(spec, inv, "workers", -1)
     assert plan.cancels == (waiting,)
     assert plan.failures == ()
     with pytest.raises(PreconditionFailed):
         plan_decrease(spec, inv, "workers", -2)
-    inv.cancel_create(waiting, 101.0)
+    inv.ledger.accept_decrease(plan, 101.0)
     with pytest.raises(PreconditionFailed):
         plan_decrease(spec, inv, "workers", -1)
-    assert inv.pending(flying) is not None
-    assert inv.pending(created_id) is not None
+    assert state(inv, flying) is CreateState.SENDING
+    assert state(inv, created_id) is CreateState.CREATED
+    assert state(inv, doubtful) is CreateState.IN_DOUBT
 
 
-def test_plan_decrease_skips_doomed_creates():
+def test_plan_decrease_skips_given_up_creates():
     spec = cluster()
     inv = inventory(spec)
-    doomed = submitting(inv)
-    inv.doom_create(doomed)
+    give_up(inv, sending(inv))
     with pytest.raises(PreconditionFailed):
         plan_decrease(spec, inv, "workers", -1)
 
@@ -980,7 +1067,7 @@ def test_plan_delete_servers():
     assert plan.servers == (a.server_id, b.server_id)
     assert plan.removals == 2
     assert plan.repeats == 0
-    assert inv.deleting_ids() == []  # planning changes nothing
+    assert inv.ledger.deleting_ids() == []  # planning changes nothing
 
 
 def test_plan_delete_empty_request():
@@ -1043,37 +1130,50 @@ def test_plan_delete_node_of_another_group():
             plan_delete(spec, inv, "workers", [node])
 
 
-def test_plan_delete_node_not_ours():
+def test_plan_delete_node_not_ours_but_unknown_placeholder_is_no_error():
     spec = cluster()
     inv = inventory(spec, server(name="ours"))
     for node in (
         fake_node(IDS.format(str(uuid.uuid4()))),
-        fake_node(f"osas://workers/{rid()}"),
         ("not-ours", ""),
     ):
         with pytest.raises(NodeNotFound):
             plan_delete(spec, inv, "workers", [node])
+    # A placeholder of the requested group this process does not know (an earlier process's):
+    # nothing to remove, and no error, for CA skips its whole clean-up when DeleteNodes fails.
+    unknown = rid()
+    plan = plan_delete(spec, inv, "workers", [fake_node(f"osas://workers/{unknown}")])
+    assert plan.unknown == (unknown,)
+    assert plan.removals == 0
+    assert plan.repeats == 0
 
 
-def test_plan_delete_placeholder_naming_the_wrong_group():
+def test_plan_delete_placeholder_naming_the_wrong_group_is_unknown():
     spec = cluster()
     inv = inventory(spec)
     gpu_queued = queued(inv, "gpu")
-    with pytest.raises(NodeNotFound):
-        plan_delete(spec, inv, "workers", [fake_node(f"osas://workers/{gpu_queued}")])
+    plan = plan_delete(spec, inv, "workers", [fake_node(f"osas://workers/{gpu_queued}")])
+    assert plan.unknown == (gpu_queued,)
+    assert plan.cancels == ()
+    assert plan.removals == 0
+    inv.ledger.accept_delete(plan, 101.0)
+    assert state(inv, gpu_queued) is CreateState.QUEUED
+    assert inv.target_size("gpu") == 1
 
 
-def test_plan_delete_failed_placeholder_naming_the_wrong_group():
+def test_plan_delete_failed_placeholder_naming_the_wrong_group_is_unknown():
     spec = cluster()
     inv = inventory(spec)
     gpu_failed = failed(inv, "gpu")
     forged = f"osas://workers/{gpu_failed}"
     assert inv.group_for_node(forged, forged) is None
-    try:
-        plan = plan_delete(spec, inv, "workers", [fake_node(forged)])
-    except (NodeNotFound, InvalidRequest):
-        return
-    assert gpu_failed not in plan.failures
+    plan = plan_delete(spec, inv, "workers", [fake_node(forged)])
+    assert plan.failures == ()
+    assert plan.unknown == (gpu_failed,)
+    assert plan.removals == 0
+    inv.ledger.accept_delete(plan, 101.0)
+    assert [c.request_id for c in inv.ledger.failures_of("gpu")] == [gpu_failed]
+    assert inv.target_size("gpu") == 1
 
 
 def test_plan_delete_by_name():
@@ -1137,7 +1237,7 @@ def test_plan_delete_repeats_of_deleting_servers():
     spec = cluster(node_group("workers", min_size=1))
     a, b, nova_deleting = server(), server(), server(task_state="deleting")
     inv = inventory(spec, a, b, nova_deleting)
-    inv.mark_deleting([b.server_id], 101.0)
+    mark(inv, b.server_id)
     assert inv.target_size("workers") == 1
     plan = plan_delete(spec, inv, "workers", [fake_node(pid(b)), fake_node(pid(nova_deleting))])
     assert plan.servers == ()
@@ -1145,10 +1245,10 @@ def test_plan_delete_repeats_of_deleting_servers():
     assert plan.removals == 0
 
 
-def test_plan_delete_cancels_queued_and_dooms_in_flight_creates():
+def test_plan_delete_cancels_queued_and_gives_up_in_flight_creates():
     spec = cluster()
     inv = inventory(spec)
-    waiting, flying = queued(inv), submitting(inv)
+    waiting, flying = queued(inv), sending(inv)
     plan = plan_delete(
         spec,
         inv,
@@ -1156,14 +1256,16 @@ def test_plan_delete_cancels_queued_and_dooms_in_flight_creates():
         [fake_node(f"osas://workers/{waiting}"), fake_node(f"osas://workers/{flying}")],
     )
     assert plan.cancels == (waiting,)
-    assert plan.dooms == (flying,)
+    assert plan.give_ups == (flying,)
     assert plan.servers == ()
     assert plan.removals == 2
-    apply_delete(inv, plan, 101.0)
+    assert inv.ledger.accept_delete(plan, 101.0).deletes == ()
     assert inv.target_size("workers") == 0
-    assert inv.instances("workers") == [
-        Instance(f"osas://workers/{flying}", InstanceState.DELETING)
-    ]
+    # Given up while being sent: forgotten at once, not reported as a DELETING placeholder.
+    assert inv.instances("workers") == []
+    assert inv.ledger.create(waiting) is None
+    assert inv.ledger.create(flying) is None
+    assert inv.ledger.is_given_up(flying)
 
 
 def test_plan_delete_of_created_create_takes_it_out_of_the_target():
@@ -1171,17 +1273,21 @@ def test_plan_delete_of_created_create_takes_it_out_of_the_target():
     inv = inventory(spec)
     _, unlisted = created(inv)
     plan = plan_delete(spec, inv, "workers", [fake_node(pid(unlisted))])
+    assert plan.servers == (unlisted.server_id,)
     assert plan.removals == 1
-    apply_delete(inv, plan, 101.0)
+    steps = inv.ledger.accept_delete(plan, 101.0)
+    assert steps.deletes == (DeleteOrder(unlisted.server_id, "workers", DeleteReason.REQUESTED),)
     assert inv.target_size("workers") == 0
-    assert inv.instances("workers") == [Instance(pid(unlisted), InstanceState.DELETING)]
+    assert inv.ledger.deleting_ids() == [unlisted.server_id]
+    # The create is given up and no listing has shown its server: nothing left to report.
+    assert inv.instances("workers") == []
 
 
-def test_plan_delete_already_doomed_create_is_a_repeat():
+def test_plan_delete_already_given_up_create_is_a_repeat():
     spec = cluster()
     inv = inventory(spec)
-    flying = submitting(inv)
-    inv.doom_create(flying)
+    flying = sending(inv)
+    give_up(inv, flying)
     plan = plan_delete(spec, inv, "workers", [fake_node(f"osas://workers/{flying}")])
     assert plan.repeats == 1
     assert plan.removals == 0
@@ -1193,9 +1299,9 @@ def test_plan_delete_recently_removed_ids_are_repeats():
     inv = inventory(spec, gone, kept)
     full_sync(inv, kept, now=110.0)
     cancelled = queued(inv)
-    inv.cancel_create(cancelled, 111.0)
+    cancel(inv, cancelled, now=111.0)
     forgotten = failed(inv)
-    inv.remove_failure(forgotten, 112.0)
+    remove_failure(inv, forgotten, now=112.0)
     plan = plan_delete(
         spec,
         inv,
@@ -1214,34 +1320,558 @@ def test_plan_delete_repeat_after_server_forgotten_on_404():
     spec = cluster()
     a = server()
     inv = inventory(spec, a, server())
-    inv.mark_deleting([a.server_id], 101.0)
-    inv.forget_server(a.server_id, NOW)
-    full_sync(inv, *inv.servers(), now=110.0)
+    mark(inv, a.server_id)
+    inv.ledger.finish_delete(a.server_id, DeleteOutcome.GONE, NOW)
+    full_sync(inv, *inv.snapshot.servers(), now=110.0)
     plan = plan_delete(spec, inv, "workers", [fake_node(pid(a))])
     assert plan.repeats == 1
 
 
-def test_plan_delete_repeat_after_doomed_create_failed():
+def test_plan_delete_repeat_after_given_up_create_failed():
     spec = cluster()
     inv = inventory(spec)
-    flying = submitting(inv)
+    flying = sending(inv)
     placeholder = f"osas://workers/{flying}"
-    assert plan_delete(spec, inv, "workers", [fake_node(placeholder)]).dooms == (flying,)
-    inv.doom_create(flying)
-    inv.create_failed(flying, QUOTA, NOW)
+    plan = plan_delete(spec, inv, "workers", [fake_node(placeholder)])
+    assert plan.give_ups == (flying,)
+    inv.ledger.accept_delete(plan, 101.0)
+    assert inv.ledger.finish_create(flying, Refused(QUOTA), NOW) == Next()
     plan = plan_delete(spec, inv, "workers", [fake_node(placeholder)])
     assert plan.repeats == 1
 
 
-def test_doom_of_created_create_survives_the_sync_that_lists_it():
+def test_give_up_of_created_create_survives_the_sync_that_lists_it():
     spec = cluster()
     inv = inventory(spec)
     _, srv = created(inv)
-    apply_delete(inv, plan_delete(spec, inv, "workers", [fake_node(pid(srv))]), 101.0)
+    inv.ledger.accept_delete(plan_delete(spec, inv, "workers", [fake_node(pid(srv))]), 101.0)
     assert inv.target_size("workers") == 0
-    full_sync(inv, srv, now=110.0)
+    steps = full_sync(inv, srv, now=110.0)
+    assert steps.deletes == ()  # marked already: not ordered twice
     assert inv.target_size("workers") == 0
     assert inv.instances("workers") == [Instance(pid(srv), InstanceState.DELETING)]
+
+
+# -- ledger invariants ----------------------------------------------------------------------------
+
+
+def orders(*servers: Server, reason: DeleteReason) -> tuple[DeleteOrder, ...]:
+    return tuple(DeleteOrder(s.server_id, s.group_id, reason) for s in servers)
+
+
+def test_take_create_hands_out_each_send_once_and_never_after_in_doubt():
+    inv = inventory()
+    request_id = queued(inv)
+    taken = inv.ledger.take_create(request_id)
+    assert taken is not None
+    assert taken.state is CreateState.SENDING
+    assert taken.sends == 1
+    assert inv.ledger.take_create(request_id) is None  # one send at a time
+    # Proof that Nova never saw it: it may be sent again, once.
+    assert inv.ledger.finish_create(request_id, NotSent(UNREACHABLE), NOW) == Next(retry=True)
+    again = inv.ledger.take_create(request_id)
+    assert again is not None
+    assert again.sends == 2
+    assert inv.ledger.take_create(request_id) is None
+    # Sent, outcome unknown: never POSTed again, whatever comes next.
+    steps = inv.ledger.finish_create(request_id, InDoubt("read timeout"), NOW)
+    assert not steps.retry
+    assert inv.ledger.take_create(request_id) is None
+    doubt_window = inv.ledger.settings.doubt_window
+    full_sync(inv, now=NOW + doubt_window - 1)
+    assert state(inv, request_id) is CreateState.IN_DOUBT
+    assert inv.ledger.take_create(request_id) is None
+    full_sync(inv, now=NOW + doubt_window)
+    assert state(inv, request_id) is CreateState.FAILED
+    assert inv.ledger.take_create(request_id) is None
+
+
+def test_not_sent_create_is_queued_again_until_its_attempts_are_spent():
+    settings = LedgerSettings(create_attempts=3)
+    inv = inventory(settings=settings)
+    request_id = queued(inv)
+    for _ in range(settings.create_attempts - 1):
+        assert inv.ledger.take_create(request_id) is not None
+        steps = inv.ledger.finish_create(request_id, NotSent(UNREACHABLE), NOW)
+        assert steps == Next(retry=True)
+        assert state(inv, request_id) is CreateState.QUEUED
+        assert inv.target_size("workers") == 1
+    assert inv.ledger.take_create(request_id) is not None
+    steps = inv.ledger.finish_create(request_id, NotSent(UNREACHABLE), NOW)
+    assert not steps.retry
+    assert steps.count(EventKind.CREATE_FAILED) == 1
+    create = inv.ledger.create(request_id)
+    assert create is not None
+    assert create.state is CreateState.FAILED
+    assert create.sends == settings.create_attempts
+    assert create.error == UNREACHABLE
+    assert inv.ledger.take_create(request_id) is None
+    placeholder = f"osas://workers/{request_id}"
+    assert inv.instances("workers") == [Instance(placeholder, InstanceState.CREATING, UNREACHABLE)]
+
+
+def test_in_doubt_create_is_counted_and_reported_creating_without_error():
+    spec = cluster()
+    inv = inventory(spec)
+    request_id = sending(inv)
+    steps = inv.ledger.finish_create(request_id, InDoubt("read timeout"), NOW)
+    assert steps.count(EventKind.CREATE_IN_DOUBT) == 1
+    assert steps.deletes == ()
+    assert not steps.retry
+    assert state(inv, request_id) is CreateState.IN_DOUBT
+    assert inv.target_size("workers") == 1
+    placeholder = f"osas://workers/{request_id}"
+    assert inv.instances("workers") == [Instance(placeholder, InstanceState.CREATING)]
+    assert inv.group_for_node(placeholder, placeholder) == "workers"
+    # It may be a server already: DecreaseTargetSize cannot take it back.
+    with pytest.raises(PreconditionFailed):
+        plan_decrease(spec, inv, "workers", -1)
+
+
+def test_in_doubt_create_settles_when_a_listing_shows_its_server():
+    inv = inventory()
+    request_id = in_doubt(inv)
+    listed = server(status="BUILD", request_id=request_id)
+    steps = changes(inv, [listed], now=NOW + 10)
+    assert steps.count(EventKind.CREATE_SETTLED) == 1
+    assert steps.count(EventKind.STRAY_ADOPTED) == 0
+    assert steps.deletes == ()
+    assert inv.ledger.create(request_id) is None
+    assert inv.target_size("workers") == 1
+    assert inv.instances("workers") == [Instance(pid(listed), InstanceState.CREATING)]
+
+
+def test_in_doubt_create_fails_once_the_doubt_window_passes():
+    inv = inventory(settings=LedgerSettings(doubt_window=30.0))
+    request_id = in_doubt(inv, now=100.0)
+    steps = full_sync(inv, now=129.0)
+    assert steps.count(EventKind.CREATE_GIVEN_UP) == 0
+    assert state(inv, request_id) is CreateState.IN_DOUBT
+    steps = changes(inv, [], now=130.0)
+    assert steps.count(EventKind.CREATE_GIVEN_UP) == 1
+    assert steps.count(EventKind.CREATE_FAILED) == 0
+    create = inv.ledger.create(request_id)
+    assert create is not None
+    assert create.state is CreateState.FAILED
+    assert create.error is not None
+    assert create.error.code == IN_DOUBT_CODE
+    assert create.error.error_class is ErrorClass.OTHER
+    assert inv.ledger.failures_of("workers") == [create]
+    assert inv.target_size("workers") == 1  # reported failed until CA removes it
+    placeholder = f"osas://workers/{request_id}"
+    assert inv.instances("workers") == [Instance(placeholder, InstanceState.CREATING, create.error)]
+    assert full_sync(inv, now=131.0).count(EventKind.CREATE_GIVEN_UP) == 0  # reported once
+    # Its server turning up after all is an orphan: the failure stays as reported.
+    late = server(request_id=request_id)
+    assert full_sync(inv, late, now=140.0).deletes == orders(late, reason=DeleteReason.ORPHAN)
+    assert state(inv, request_id) is CreateState.FAILED
+
+
+def test_create_given_up_while_sent_is_forgotten_and_its_late_server_deleted():
+    spec = cluster()
+    inv = inventory(spec)
+    request_id = sending(inv)
+    placeholder = f"osas://workers/{request_id}"
+    plan = plan_delete(spec, inv, "workers", [fake_node(placeholder)])
+    assert plan.give_ups == (request_id,)
+    assert inv.ledger.accept_delete(plan, 101.0).deletes == ()
+    assert inv.ledger.create(request_id) is None
+    assert inv.ledger.is_given_up(request_id)
+    assert inv.ledger.recently_removed(placeholder)
+    assert inv.target_size("workers") == 0
+    assert inv.instances("workers") == []
+    # Nova answers with the server after all: it goes.
+    late = server(status="BUILD", request_id=request_id)
+    steps = inv.ledger.finish_create(request_id, Created(late), 102.0)
+    assert steps.deletes == orders(late, reason=DeleteReason.GIVEN_UP)
+    assert not steps.retry
+    assert inv.ledger.deleting_ids() == [late.server_id]
+    assert inv.target_size("workers") == 0
+    # The listing that shows it orders nothing more.
+    steps = full_sync(inv, late, now=110.0)
+    assert steps.deletes == ()
+    assert steps.count(EventKind.CREATE_SETTLED) == 0
+    assert inv.target_size("workers") == 0
+    assert inv.instances("workers") == [Instance(pid(late), InstanceState.DELETING)]
+
+
+def _cancelled(inv: Inventory) -> str:
+    request_id = queued(inv)
+    cancel(inv, request_id)
+    return request_id
+
+
+def _dropped(inv: Inventory) -> str:
+    request_id = queued(inv)
+    inv.ledger.drop_queued([request_id], 101.0)
+    return request_id
+
+
+def _given_up_while_sent(inv: Inventory) -> str:
+    request_id = sending(inv)
+    give_up(inv, request_id)
+    return request_id
+
+
+def _given_up_in_doubt(inv: Inventory) -> str:
+    request_id = in_doubt(inv)
+    give_up(inv, request_id)
+    return request_id
+
+
+def _failure_removed(inv: Inventory) -> str:
+    request_id = failed(inv)
+    remove_failure(inv, request_id)
+    return request_id
+
+
+def _vanished(inv: Inventory) -> str:
+    request_id, _ = created(inv)
+    full_sync(inv, now=102.0)
+    return request_id
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        _cancelled,
+        _dropped,
+        _given_up_while_sent,
+        _given_up_in_doubt,
+        _failure_removed,
+        _vanished,
+        failed,
+    ],
+)
+def test_server_listed_for_a_request_not_wanted_is_an_orphan(make):
+    inv = inventory()
+    request_id = make(inv)
+    target = inv.target_size("workers")
+    orphan = server(request_id=request_id)
+    steps = full_sync(inv, orphan, now=110.0)
+    assert steps.deletes == orders(orphan, reason=DeleteReason.ORPHAN)
+    assert steps.count(EventKind.STRAY_ADOPTED) == 0
+    assert steps.count(EventKind.CREATE_SETTLED) == 0
+    assert inv.target_size("workers") == target  # never counted
+    assert inv.ledger.deleting_ids() == [orphan.server_id]
+    # Nova's late answer for it, or the next listing, orders nothing more.
+    assert inv.ledger.finish_create(request_id, Created(orphan), 111.0).deletes == ()
+    assert full_sync(inv, orphan, now=112.0).deletes == ()
+
+
+def test_target_never_counts_a_request_twice():
+    inv = inventory()
+    request_id = sending(inv)
+    listed = server(status="BUILD", request_id=request_id)
+    steps = full_sync(inv, listed, now=110.0)
+    assert steps.count(EventKind.CREATE_SETTLED) == 1
+    assert inv.ledger.create(request_id) is None
+    assert inv.target_size("workers") == 1
+    # Nova's answer arrives after the listing: a no-op, the server is not a duplicate.
+    assert inv.ledger.finish_create(request_id, Created(listed), 111.0) == Next()
+    assert inv.ledger.create(request_id) is None
+    assert inv.ledger.create_of_server(listed.server_id) is None
+    assert inv.ledger.deleting_ids() == []
+    assert inv.target_size("workers") == 1
+    steps = full_sync(inv, listed, now=120.0)
+    assert steps == Next()
+    assert inv.target_size("workers") == 1
+
+
+# Which of two servers of one request is kept: ACTIVE, then BUILD, then the others; then the
+# oldest; then the smallest id.
+OLD, NEW = "2024-05-01T10:00:00Z", "2024-05-01T10:05:00Z"
+ID_A, ID_B = "00000000-0000-4000-8000-00000000000a", "00000000-0000-4000-8000-00000000000b"
+
+
+@pytest.mark.parametrize(
+    ("keep", "drop"),
+    [
+        pytest.param(("ACTIVE", NEW, ID_B), ("BUILD", OLD, ID_A), id="active-over-build"),
+        pytest.param(("BUILD", NEW, ID_B), ("ERROR", OLD, ID_A), id="build-over-error"),
+        pytest.param(("ACTIVE", NEW, ID_B), ("SHUTOFF", OLD, ID_A), id="active-over-shutoff"),
+        pytest.param(("ACTIVE", OLD, ID_B), ("ACTIVE", NEW, ID_A), id="oldest"),
+        pytest.param(("ERROR", OLD, ID_B), ("SHUTOFF", NEW, ID_A), id="others-oldest"),
+        pytest.param(("ACTIVE", OLD, ID_A), ("ACTIVE", OLD, ID_B), id="smallest-id"),
+    ],
+)
+def test_two_servers_of_one_request_keep_one(keep, drop):
+    request_id = rid()
+
+    def make(status: str, created: str, server_id: str) -> Server:
+        return server(status=status, created=created, server_id=server_id, request_id=request_id)
+
+    kept, duplicate = make(*keep), make(*drop)
+    inv = Inventory(cluster())
+    steps = full_sync(inv, duplicate, kept)
+    assert steps.deletes == orders(duplicate, reason=DeleteReason.DUPLICATE)
+    assert inv.ledger.deleting_ids() == [duplicate.server_id]
+    assert inv.target_size("workers") == 1
+    assert by_id(inv.instances("workers"))[pid(duplicate)].state is InstanceState.DELETING
+    assert full_sync(inv, duplicate, kept, now=110.0).deletes == ()
+
+
+def test_duplicate_of_a_create_of_ours_settles_it_once_and_deletes_the_other():
+    inv = inventory()
+    request_id, answered = created(inv)  # BUILD
+    twin = server(request_id=request_id, created=OLD)  # ACTIVE: kept
+    listed_answer = server(
+        status="BUILD", server_id=answered.server_id, request_id=request_id, created=NEW
+    )
+    steps = changes(inv, [listed_answer, twin], now=110.0)
+    assert steps.count(EventKind.CREATE_SETTLED) == 1
+    assert steps.count(EventKind.STRAY_ADOPTED) == 0
+    assert steps.deletes == orders(listed_answer, reason=DeleteReason.DUPLICATE)
+    assert inv.ledger.create(request_id) is None
+    assert inv.target_size("workers") == 1
+    # A third server of it, listed later, goes too.
+    third = server(request_id=request_id, created="2024-05-01T10:10:00Z")
+    steps = changes(inv, [third], now=120.0)
+    assert steps.deletes == orders(third, reason=DeleteReason.DUPLICATE)
+    assert steps.count(EventKind.STRAY_ADOPTED) == 0
+    assert inv.target_size("workers") == 1
+
+
+def test_late_second_server_of_a_request_listed_at_start_is_a_duplicate_not_a_stray():
+    request_id = rid()
+    first = server(request_id=request_id, created=OLD)
+    inv = inventory(None, first)
+    late = server(request_id=request_id, created=NEW)
+    steps = changes(inv, [late], now=110.0)
+    assert steps.deletes == orders(late, reason=DeleteReason.DUPLICATE)
+    assert steps.count(EventKind.STRAY_ADOPTED) == 0
+    assert inv.target_size("workers") == 1
+
+
+def test_servers_of_the_first_full_sync_are_not_strays():
+    inv = Inventory(cluster())
+    steps = full_sync(inv, server(request_id=rid()), server())
+    assert steps.count(EventKind.STRAY_ADOPTED) == 0
+    assert steps.deletes == ()
+    assert inv.target_size("workers") == 2
+
+
+def test_stray_after_the_first_full_sync_is_adopted_within_max():
+    inv = inventory(None, server())
+    late, bare = server(request_id=rid()), server()
+    request_id, answered = created(inv)
+    ours = server(server_id=answered.server_id, request_id=request_id)
+    steps = full_sync(inv, *inv.snapshot.servers(), late, bare, ours, now=110.0)
+    assert steps.count(EventKind.STRAY_ADOPTED) == 2
+    adopted = {e.server_id for e in steps.events if e.kind is EventKind.STRAY_ADOPTED}
+    assert adopted == {late.server_id, bare.server_id}
+    assert steps.deletes == ()
+    assert inv.target_size("workers") == 4
+    assert full_sync(inv, *inv.snapshot.servers(), now=120.0).count(EventKind.STRAY_ADOPTED) == 0
+
+
+@pytest.mark.parametrize("listing", ["full", "incremental"])
+def test_strays_above_max_are_deleted_newest_first(listing):
+    spec = cluster(node_group("workers", max_size=4))
+    a, b = server(), server()
+    inv = inventory(spec, a, b)
+    queued(inv)  # creates in hand count: target 3 of 4
+    old, mid, new = (
+        server(request_id=rid(), created=f"2024-05-01T10:0{minute}:00Z") for minute in (1, 2, 3)
+    )
+    if listing == "full":
+        steps = full_sync(inv, a, b, mid, new, old, now=110.0)
+    else:
+        steps = changes(inv, [mid, new, old], now=110.0)
+    assert steps.count(EventKind.STRAY_ADOPTED) == 1  # the oldest, kept
+    assert steps.deletes == orders(new, mid, reason=DeleteReason.ABOVE_MAX)
+    assert steps.count(EventKind.ABOVE_MAX_KEPT) == 0
+    assert inv.target_size("workers") == 4
+    assert inv.ledger.deleting_ids() == sorted([mid.server_id, new.server_id])
+    assert full_sync(inv, a, b, mid, new, old, now=120.0).deletes == ()
+
+
+def test_servers_of_the_first_full_sync_above_max_are_kept():
+    spec = cluster(node_group("workers", max_size=2))
+    first = [server() for _ in range(3)]
+    inv = Inventory(spec)
+    steps = full_sync(inv, *first)
+    assert steps.deletes == ()
+    assert steps.count(EventKind.ABOVE_MAX_KEPT) == 1
+    assert inv.target_size("workers") == 3
+    steps = full_sync(inv, *first, now=110.0)
+    assert steps.deletes == ()
+    assert steps.count(EventKind.ABOVE_MAX_KEPT) == 0  # reported once
+    # A stray on top of that goes; the servers known at start stay.
+    stray = server(request_id=rid())
+    steps = full_sync(inv, *first, stray, now=120.0)
+    assert steps.deletes == orders(stray, reason=DeleteReason.ABOVE_MAX)
+    assert steps.count(EventKind.ABOVE_MAX_KEPT) == 0
+    assert inv.target_size("workers") == 3
+
+
+def test_a_stray_adopted_within_max_is_kept_when_max_is_lowered():
+    spec = cluster(node_group("workers", max_size=3))
+    a, b = server(), server()
+    inv = inventory(spec, a, b)
+    stray = server(request_id=rid())
+    steps = full_sync(inv, a, b, stray, now=110.0)
+    assert steps.count(EventKind.STRAY_ADOPTED) == 1
+    assert steps.deletes == ()
+    inv.ledger.use_cluster(cluster(node_group("workers", max_size=2)))
+    steps = full_sync(inv, a, b, stray, now=120.0)
+    assert steps.deletes == ()  # a running node, left for CA's scale-down
+    assert steps.count(EventKind.ABOVE_MAX_KEPT) == 1
+    assert inv.target_size("workers") == 3
+
+
+def test_a_vanished_creates_server_id_is_a_harmless_repeat():
+    spec = cluster()
+    inv = inventory(spec)
+    _, unlisted = created(inv)
+    assert full_sync(inv, now=110.0).count(EventKind.CREATE_VANISHED) == 1
+    plan = plan_delete(spec, inv, "workers", [fake_node(pid(unlisted))])
+    assert plan.repeats == 1
+    assert plan.removals == 0
+
+
+def test_drop_queued_forgets_only_queued_creates():
+    inv = inventory()
+    first, second = queued(inv), queued(inv)
+    flying = sending(inv)
+    doubtful = in_doubt(inv)
+    failure = failed(inv)
+    created_id, _ = created(inv)
+    steps = inv.ledger.drop_queued(
+        [first, second, flying, doubtful, failure, created_id, rid()], 101.0
+    )
+    assert steps.count(EventKind.CREATE_DROPPED) == 2
+    assert [e.request_id for e in steps.events] == [first, second]
+    assert steps.deletes == ()
+    assert inv.ledger.create(first) is None
+    assert inv.ledger.create(second) is None
+    assert inv.ledger.take_create(first) is None
+    assert state(inv, flying) is CreateState.SENDING
+    assert state(inv, doubtful) is CreateState.IN_DOUBT
+    assert state(inv, failure) is CreateState.FAILED
+    assert state(inv, created_id) is CreateState.CREATED
+    assert inv.target_size("workers") == 4
+
+
+def test_finish_delete_gone_drops_the_mark_and_the_server():
+    a, b = server(), server()
+    inv = inventory(None, a, b)
+    mark(inv, a.server_id)
+    steps = inv.ledger.finish_delete(a.server_id, DeleteOutcome.GONE, 102.0)
+    assert steps.deletes == ()
+    assert inv.server(a.server_id) is None
+    assert inv.ledger.recently_removed(pid(a))
+    assert inv.target_size("workers") == 1
+    steps = inv.ledger.settle_changes(inv.ledger.begin_sync(), [], [a.server_id], 103.0)
+    assert steps.count(EventKind.SERVER_DELETED) == 1
+    assert inv.ledger.deleting_ids() == []
+
+
+def test_finish_delete_not_ours_drops_the_mark_and_keeps_the_server():
+    a = server()
+    inv = inventory(None, a)
+    mark(inv, a.server_id)
+    assert inv.target_size("workers") == 0
+    steps = inv.ledger.finish_delete(a.server_id, DeleteOutcome.NOT_OURS, 102.0)
+    assert steps.count(EventKind.DELETE_REFUSED) == 1
+    assert steps.deletes == ()
+    assert inv.ledger.deleting_ids() == []
+    assert inv.server(a.server_id) == a
+    assert inv.target_size("workers") == 1
+    # Not sent again: the mark is gone.
+    retry = inv.ledger.settings.delete_retry_after
+    assert full_sync(inv, a, now=101.0 + retry).deletes == ()
+
+
+@pytest.mark.parametrize("outcome", [DeleteOutcome.SENT, DeleteOutcome.FAILED])
+def test_finish_delete_sent_or_failed_keeps_the_mark(outcome):
+    a = server()
+    inv = inventory(None, a)
+    mark(inv, a.server_id)
+    assert inv.ledger.finish_delete(a.server_id, outcome, 102.0) == Next()
+    assert inv.ledger.deleting_ids() == [a.server_id]
+    assert inv.target_size("workers") == 0
+
+
+def test_mark_on_never_listed_server_dropped_by_full_listing_begun_after_it():
+    inv = inventory()
+    request_id, answered = created(inv)
+    older = inv.ledger.begin_sync()
+    assert mark(inv, answered.server_id, now=101.0).deletes == orders(
+        answered, reason=DeleteReason.REQUESTED
+    )
+    assert inv.ledger.create(request_id) is None  # given up with its server
+    # Neither an incremental listing nor a complete one begun before the mark proves it gone.
+    assert changes(inv, [], now=102.0).count(EventKind.SERVER_DELETED) == 0
+    assert inv.ledger.settle_full(older, [], 103.0).count(EventKind.SERVER_DELETED) == 0
+    assert inv.ledger.deleting_ids() == [answered.server_id]
+    steps = full_sync(inv, now=104.0)
+    assert steps.count(EventKind.SERVER_DELETED) == 1
+    assert inv.ledger.deleting_ids() == []
+    assert inv.ledger.recently_removed(pid(answered))
+
+
+def test_unknown_placeholder_is_remembered_and_its_late_server_deleted():
+    spec = cluster()
+    inv = inventory(spec)
+    unknown = rid()
+    placeholder = f"osas://workers/{unknown}"
+    plan = plan_delete(spec, inv, "workers", [fake_node(placeholder)])
+    assert plan.unknown == (unknown,)
+    steps = inv.ledger.accept_delete(plan, 101.0)
+    assert steps.count(EventKind.UNKNOWN_PLACEHOLDER) == 1
+    assert steps.deletes == ()
+    assert inv.target_size("workers") == 0
+    again = plan_delete(spec, inv, "workers", [fake_node(placeholder)])
+    assert again.repeats == 1
+    assert again.unknown == ()
+    late = server(request_id=unknown)
+    steps = full_sync(inv, late, now=110.0)
+    assert steps.deletes == orders(late, reason=DeleteReason.ORPHAN)
+    assert steps.count(EventKind.STRAY_ADOPTED) == 0
+    assert inv.target_size("workers") == 0
+
+
+def test_unknown_placeholder_of_a_listed_server_leaves_the_server_alone():
+    spec = cluster()
+    earlier = rid()
+    listed = server(request_id=earlier)
+    inv = inventory(spec, listed)
+    plan = plan_delete(spec, inv, "workers", [fake_node(f"osas://workers/{earlier}")])
+    assert plan.unknown == (earlier,)
+    assert inv.ledger.accept_delete(plan, 101.0).deletes == ()
+    assert full_sync(inv, listed, now=110.0).deletes == ()
+    assert inv.ledger.deleting_ids() == []
+    assert inv.target_size("workers") == 1
+
+
+def test_placeholder_naming_the_wrong_group_leaves_the_other_groups_create_alone():
+    spec = cluster()
+    inv = inventory(spec)
+    gpu_create = sending(inv, "gpu")
+    plan = plan_delete(spec, inv, "workers", [fake_node(f"osas://workers/{gpu_create}")])
+    assert plan.unknown == (gpu_create,)
+    inv.ledger.accept_delete(plan, 101.0)
+    made = server("gpu", "BUILD", request_id=gpu_create)
+    assert inv.ledger.finish_create(gpu_create, Created(made), 102.0).deletes == ()
+    steps = full_sync(inv, made, now=110.0)
+    assert steps.deletes == ()
+    assert inv.target_size("gpu") == 1
+
+
+def test_listing_begun_before_a_delete_went_gone_does_not_bring_the_server_back():
+    a, b = server(), server()
+    inv = inventory(None, a, b)
+    mark(inv, a.server_id)
+    listing = inv.ledger.begin_sync()  # a listing starts; Nova still shows a
+    inv.ledger.finish_delete(a.server_id, DeleteOutcome.GONE, 102.0)
+    inv.ledger.settle_full(listing, [a, b], 103.0)
+    assert inv.target_size("workers") == 1
+    assert by_id(inv.instances("workers"))[pid(a)].state is InstanceState.DELETING
+    steps = full_sync(inv, b, now=104.0)  # a listing begun after the 404
+    assert steps.count(EventKind.SERVER_DELETED) == 1
+    assert inv.ledger.deleting_ids() == []
+    assert pid(a) not in by_id(inv.instances("workers"))
 
 
 # -- template -------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ async def test_lost_create_answer_does_not_duplicate(tmp_path):
         assert len(nova.live_servers()) == 2
         assert nova.calls["servers.create"] == 2  # looked up by request tag, never re-sent
         assert controller.target_size("workers") == 2
-        assert not provider.app.inventory.failures_of("workers")
+        assert not provider.app.inventory.ledger.failures_of("workers")
 
 
 async def test_restart_mid_scale_up_loses_nothing_and_duplicates_nothing(tmp_path):
@@ -80,7 +80,7 @@ async def test_incremental_sync_sees_changes_and_our_deletions(tmp_path):
         await provider.sync(full=False)
         # Tag filters hide deleted servers; osas asks for the ones it deletes by id.
         assert app.inventory.server(kept) is None
-        assert app.inventory.deleting_ids() == []
+        assert app.inventory.ledger.deleting_ids() == []
         assert app.controller.target_size("workers") == 1
 
 
@@ -153,7 +153,7 @@ async def test_failed_sync_keeps_inventory_and_refresh_fails_when_stale(tmp_path
             await provider.sync()
         assert app.controller.target_size("workers") == 1  # last good state still served
         app.controller.refresh()  # young enough: CA carries on
-        app.inventory._synced_at -= 3 * 3600  # three hours without a good sync
+        app.inventory.snapshot.listed_at -= 3 * 3600  # three hours without a good sync
         with pytest.raises(NotReady, match="old"):
             app.controller.refresh()
         nova.faults.error_rate = 0.0
@@ -183,14 +183,23 @@ async def test_faulty_cloud_scale_up_then_down_converges(tmp_path):
         "max_inventory_age": "2h",
         "retry_backoff": 0.01,
         "delete_retry_after": 0.05,
+        "create_doubt_window": 0.2,
     }
-    config = make_config(tmp_path, queue={"capacity": 100, "workers": 4}, reconcile=reconcile)
+    config = make_config(
+        tmp_path,
+        queue={"capacity": 100, "workers": 4},
+        reconcile=reconcile,
+        openstack={"api_timeout": 0.1},
+    )
     async with running(config, cloud) as provider:
         app = provider.app
         for _ in range(3):
             app.controller.increase_size("workers", 3)
-        await eventually(lambda: not app.queue.in_hand_count(), what="creates settled")
-        # Creates that failed after their retries are reported as failed; CA deletes those.
+        await eventually(lambda: not app.queue.in_hand_count(), what="creates sent")
+        # A 5xx leaves a create in doubt: never sent again, reported failed once the window
+        # has passed without its server showing up; CA deletes those.
+        await asyncio.sleep(0.3)
+        await sync_despite_faults(provider)
         failed = [i for i in app.controller.nodes("workers") if i.error is not None]
         if failed:
             app.controller.delete_nodes(
@@ -217,7 +226,7 @@ async def test_faulty_cloud_scale_up_then_down_converges(tmp_path):
         nova.faults.error_rate = 0.0
         await provider.sync()
         assert app.controller.target_size("workers") == 1
-        assert app.inventory.deleting_ids() == []
+        assert app.inventory.ledger.deleting_ids() == []
 
 
 async def test_failed_delete_is_sent_again_by_the_reconciler(tmp_path):
@@ -244,5 +253,5 @@ async def test_failed_delete_is_sent_again_by_the_reconciler(tmp_path):
         await provider.sync()  # sees the server still there, long after it was marked
         await eventually(lambda: nova.get_server(doomed) is None, what="delete sent again")
         await provider.sync()
-        assert app.inventory.deleting_ids() == []
+        assert app.inventory.ledger.deleting_ids() == []
         assert app.controller.target_size("workers") == 1

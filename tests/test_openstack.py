@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import socket
+import threading
 import uuid
+from collections.abc import Iterator
 
+import keystoneauth1.exceptions as ks_exceptions
 import openstack.exceptions as sdk_exceptions
 import pytest
+from keystoneauth1 import session as ks_session
 from support import (
     CLUSTER,
     Provider,
@@ -22,11 +28,13 @@ from support import (
 from osas.cloud.errors import (
     CloudConfigurationError,
     CloudUnavailable,
+    CreateInDoubt,
+    CreateNotSent,
     QuotaExceeded,
     RequestRejected,
 )
 from osas.cloud.fake import FakeNova
-from osas.cloud.openstack import OpenStackCloud, _translate
+from osas.cloud.openstack import OpenStackCloud, _create_failure, _translate
 from osas.cloud.openstack_settings import OpenStackAuth, OpenStackSettings
 from osas.cloud.port import CreateServerRequest
 from osas.domain.limits import NodeInfo
@@ -290,6 +298,8 @@ async def test_clouds_yaml_named_by_os_cloud(sim, tmp_path, monkeypatch):
             QuotaExceeded,
         ),
         (413, "Quota exceeded for instances", QuotaExceeded),
+        (403, "Maximum number of ports exceeded", QuotaExceeded),
+        (403, "Quota exceeded, too many servers in group", QuotaExceeded),
         (403, "Policy does not allow os_compute_api:servers:create", RequestRejected),
         (400, "Invalid flavorRef provided.", RequestRejected),
         (500, "Unexpected API Error", CloudUnavailable),
@@ -310,3 +320,84 @@ def test_translated_errors_never_carry_secrets():
         message="bad request for password hunter2", details="hunter2 again", http_status=400
     )
     assert "hunter2" not in str(_translate(exc, ("hunter2",)))
+
+
+# -- a create is sent once: its failures told apart ---------------------------------------------
+
+
+@contextlib.contextmanager
+def peer(behaviour: str) -> Iterator[int]:
+    """A TCP peer on 127.0.0.1 that misbehaves as Nova's front end sometimes does, on a port of
+    its own: "refuse" (nothing listens), "drop" (reads the request, closes without a word),
+    "silent" (reads the request, never answers)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    if behaviour == "refuse":
+        listener.close()
+        yield port
+        return
+    listener.listen()
+    stop = threading.Event()
+
+    def serve() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(65536)
+            if behaviour == "silent":
+                stop.wait(5)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield port
+    finally:
+        stop.set()
+        listener.close()
+        thread.join(5)
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "expected"),
+    [("refuse", CreateNotSent), ("drop", CreateInDoubt), ("silent", CreateInDoubt)],
+)
+def test_transport_failures_of_a_create_are_told_apart(behaviour, expected):
+    """Only a connection that could not be made proves the POST never left; a dropped
+    connection or a timeout after sending may hide a server."""
+    session = ks_session.Session()
+    with peer(behaviour) as port, pytest.raises(ks_exceptions.ClientException) as caught:
+        session.post(
+            f"http://127.0.0.1:{port}/compute/v2.1/servers",
+            json={"server": {}},
+            timeout=0.5,
+            connect_retries=0,
+            authenticated=False,
+        )
+    assert type(_create_failure(caught.value, ())) is expected
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (403, QuotaExceeded),
+        (400, RequestRejected),
+        (404, RequestRejected),
+        (500, CreateInDoubt),
+        (502, CreateInDoubt),
+        (503, CreateInDoubt),
+        (504, CreateInDoubt),
+    ],
+)
+def test_http_answers_to_a_create(status, expected):
+    """A 4xx is a definite refusal; a 5xx may come after Nova stored the server."""
+    message = "Quota exceeded for instances" if status == 403 else "something"
+    exc = sdk_exceptions.HttpException(message=message, details=message, http_status=status)
+    assert type(_create_failure(exc, ())) is expected
+
+
+async def test_a_create_whose_names_cannot_be_looked_up_was_never_sent(sim, cloud):
+    sim.nova.faults.error_rate = 1.0  # every call fails, the look-ups first
+    with pytest.raises(CreateNotSent):
+        await cloud.create_server(request())
+    sim.nova.faults.error_rate = 0.0
+    assert sim.calls["compute.servers.create"] == 0

@@ -183,7 +183,7 @@ class World:
 
     A busy world has work in flight on top of that, frozen by an hour of Nova latency: three
     creates of workers (two taken by the two workers, one queued), and a worker and the ERROR
-    gpu server being deleted (queued).
+    gpu server being deleted (one taken by the worker that only deletes, one queued).
     """
 
     def __init__(self, config: OsasConfig, *, busy: bool = False) -> None:
@@ -281,7 +281,8 @@ class World:
         assert self.running.app is not None
         queue = self.running.app.queue
         deadline = time.monotonic() + 10
-        while len(queue) != 3:  # of 3 creates and 2 deletes, the 2 workers hold one each
+        # Of 3 creates and 2 deletes, the 2 workers hold a create each, the deleter a delete.
+        while len(queue) != 2:
             assert time.monotonic() < deadline, f"queue never settled: {len(queue)} tasks"
             time.sleep(0.002)
         self.placeholders = [i.id for i in self.instances("workers") if i.id.startswith("osas://")]

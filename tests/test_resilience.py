@@ -9,10 +9,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from support import (
+    BIG,
     CLUSTER,
     Provider,
+    big_config,
     ca_client,
+    ca_loop_until,
+    cloud_for,
     config_data,
+    ours,
     seed_ours,
     settings_for,
     write_config,
@@ -22,67 +27,12 @@ from osas.cloud.fake import FakeNova
 from osas.cloud.openstack import OpenStackCloud
 from osas.config import load_config
 from osas.domain.inventory import Inventory
-from osas.domain.servers import META_GROUP, META_REQUEST, TAG_CLUSTER_PREFIX
+from osas.domain.servers import META_REQUEST, TAG_CLUSTER_PREFIX
 from osas.engine.queue import TaskQueue
 from osas.engine.reconciler import Reconciler
-from osas.protocol import externalgrpc_pb2 as pb
 from osas.sim import SimulatedOpenStack
 
 TAG = f"{TAG_CLUSTER_PREFIX}{CLUSTER}"
-BIG = {
-    "id": "big",
-    "min_size": 0,
-    "max_size": 60,
-    "flavor": "m1.small",
-    "image": "ubuntu-24.04",
-    "networks": ["cluster-net"],
-}
-
-
-def big_config(tmp_path, **overrides):
-    values = {
-        "node_groups": [BIG],
-        "queue": {"capacity": 200, "workers": 8},
-        "reconcile": {
-            "interval": "0.2s",
-            "full_resync_interval": "1s",
-            "max_inventory_age": "1h",
-            "retry_backoff": "0.01s",
-            "delete_retry_after": "0.5s",
-        },
-    }
-    data = config_data(**{**values, **overrides})
-    return load_config(write_config(tmp_path, data))
-
-
-def ours(sim: SimulatedOpenStack) -> list:
-    return [s for s in sim.nova.live_servers() if s.metadata.get(META_GROUP) == "big"]
-
-
-async def ca_loop_until(ca, want: int, sim: SimulatedOpenStack, deadline: float) -> None:
-    """What CA does each loop: clean up failed creates, ask for what is missing, until Nova
-    holds ``want`` servers and the target agrees."""
-    while time.monotonic() < deadline:
-        await ca.refresh()
-        instances = await ca.nodes("big")
-        failed = [i for i in instances if i.status.HasField("errorInfo")]
-        if failed:
-            await ca.delete("big", [(i.id, i.id) for i in failed])
-        target = await ca.target_size("big")
-        if target < want:
-            await ca.increase("big", want - target)
-        live = [
-            i
-            for i in instances
-            if i.status.instanceState != pb.InstanceStatus.instanceDeleting
-            and not i.status.HasField("errorInfo")
-            and i.id.startswith("openstack:///")
-        ]
-        if target == want and len(live) == want and len(ours(sim)) == want:
-            return
-        await asyncio.sleep(0.2)
-    msg = f"did not converge on {want}: Nova has {len(ours(sim))}"
-    raise AssertionError(msg)
 
 
 async def test_fifty_node_scale_up_and_down_under_faults(tmp_path):
@@ -90,7 +40,7 @@ async def test_fifty_node_scale_up_and_down_under_faults(tmp_path):
         sim.nova.faults.error_rate = 0.3
         sim.nova.faults.latency = 0.01
         config = big_config(tmp_path)
-        provider = Provider(config, OpenStackCloud(settings_for(sim, concurrency=8)))
+        provider = Provider(config, cloud_for(sim, concurrency=8))
         sim.nova.faults.error_rate = 0.0  # let the first sync through, then misbehave
         await provider.start()
         sim.nova.faults.error_rate = 0.3
@@ -116,7 +66,7 @@ async def test_fifty_node_scale_up_and_down_under_faults(tmp_path):
                 await provider.sync(full=True)  # one complete listing after the faults stop
                 assert await ca.target_size("big") == 0
                 assert await ca.nodes("big") == []
-                assert provider.app.inventory.deleting_ids() == []
+                assert provider.app.inventory.ledger.deleting_ids() == []
         finally:
             await provider.stop()
 
@@ -133,7 +83,7 @@ async def kill(provider: Provider) -> None:
 async def test_restart_during_scale_up_loses_nothing_and_duplicates_nothing(tmp_path, point):
     with SimulatedOpenStack(FakeNova(build_seconds=0.2)) as sim:
         config = big_config(tmp_path, queue={"capacity": 50, "workers": 2})
-        first = Provider(config, OpenStackCloud(settings_for(sim)))
+        first = Provider(config, cloud_for(sim))
         await first.start()
         async with ca_client(first.address) as ca:
             if point == "in-flight":
@@ -152,7 +102,7 @@ async def test_restart_during_scale_up_loses_nothing_and_duplicates_nothing(tmp_
         sim.nova.faults.latency = 0.0
         before = {s.server_id for s in ours(sim)}
 
-        second = Provider(config, OpenStackCloud(settings_for(sim)))
+        second = Provider(config, cloud_for(sim))
         await second.start()
         try:
             async with ca_client(second.address) as ca:

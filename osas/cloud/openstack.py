@@ -1,10 +1,13 @@
 """OpenStackCloud: the cloud port over openstacksdk. The only module that imports it.
 
-openstacksdk is synchronous. Every call runs in a worker thread, under a capacity limit, with a
-connection of its own taken from a small pool (whether one connection may be shared by threads
-is not documented). Idempotent calls are retried with jittered exponential backoff on 5xx,
-connection errors and timeouts; creates are not, because Nova has no idempotency key (the
-engine looks the request id up before sending a create again). All calls share a rate limit.
+openstacksdk is synchronous. Every call runs in a daemon thread (creates and other calls in
+separate pools of ``concurrency`` threads, so slow creates never hold up listings and deletes),
+with a connection of its own taken from a small pool (whether one connection may be shared by
+threads is not documented). Idempotent calls are retried with jittered exponential backoff on
+5xx, connection errors and timeouts. A create is sent exactly once: Nova has no idempotency key,
+so it is POSTed with keystoneauth's own connect and status-code retries off, whatever
+clouds.yaml says, and its failures are told apart: ``CreateNotSent`` when the request provably
+never left, ``CreateInDoubt`` when Nova may have made the server. All calls share a rate limit.
 Every openstacksdk and keystoneauth error is translated into ``osas.cloud.errors`` in
 ``_translate`` and nowhere else; messages are scrubbed of the configured secrets.
 """
@@ -25,7 +28,9 @@ import openstack
 import openstack.connection
 import openstack.exceptions as sdk_exceptions
 import openstack.warnings as sdk_warnings
+import requests.exceptions
 import structlog
+import urllib3.exceptions
 from aiolimiter import AsyncLimiter
 from cachetools import TTLCache
 from keystoneauth1 import discover
@@ -41,12 +46,15 @@ from osas.cloud.errors import (
     CloudConfigurationError,
     CloudError,
     CloudUnavailable,
+    CreateInDoubt,
+    CreateNotSent,
     QuotaExceeded,
     RequestRejected,
 )
 from osas.cloud.openstack_settings import MIN_COMPUTE_MICROVERSION, OpenStackSettings
 from osas.cloud.port import CreateServerRequest, Reference
-from osas.domain.servers import Fault, Flavor, ServerRecord
+from osas.cloud.threads import DaemonThreads
+from osas.domain.servers import Fault, Flavor, ServerRecord, is_quota_message
 from osas.domain.specs import NodeGroupSpec
 
 logger = structlog.get_logger(__name__)
@@ -54,11 +62,11 @@ logger = structlog.get_logger(__name__)
 T = TypeVar("T")
 # openstacksdk's own ceiling for servers; the SDK negotiates min(this, Nova's maximum).
 SDK_SERVER_MICROVERSION = "2.100"
-_QUOTA_MARKERS = ("quota exceeded", "quota_exceeded", "overlimit", "over limit")
 _HTTP_SERVER_ERROR = 500
 _HTTP_UNAUTHORIZED = 401
 _HTTP_FORBIDDEN = 403
 _HTTP_TOO_LARGE = 413
+_CLOSE_TIMEOUT = 5.0
 
 
 def _scrub(text: str, secrets: tuple[str, ...]) -> str:
@@ -72,7 +80,7 @@ def _translate_http(exc: sdk_exceptions.HttpException, secrets: tuple[str, ...])
     message = _scrub(str(exc), secrets)
     details = _scrub(str(exc.details or ""), secrets) or message
     text = f"{message} {details}".lower()
-    if status in {_HTTP_FORBIDDEN, _HTTP_TOO_LARGE} and any(m in text for m in _QUOTA_MARKERS):
+    if status in {_HTTP_FORBIDDEN, _HTTP_TOO_LARGE} and is_quota_message(text):
         return QuotaExceeded(details)
     if status is not None and status >= _HTTP_SERVER_ERROR:
         return CloudUnavailable(f"HTTP {status}: {details}")
@@ -115,6 +123,42 @@ def _translate(exc: Exception, secrets: tuple[str, ...]) -> CloudError:
     return CloudError(f"{type(exc).__name__}: {message}")
 
 
+def _never_sent(exc: BaseException) -> bool:
+    """Whether a transport failure proves the request never left: the connection could not be
+    made (refused, unreachable, connect timeout). keystoneauth folds these into the same
+    exceptions as a read timeout or a dropped connection, so look at what it wrapped."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(
+            current, requests.exceptions.ConnectTimeout | urllib3.exceptions.ConnectTimeoutError
+        ):
+            return True  # urllib3's NewConnectionError is a ConnectTimeoutError too
+        reason = getattr(current, "reason", None)
+        pending.extend([current.__cause__, current.__context__])
+        pending.extend(arg for arg in (*current.args, reason) if isinstance(arg, BaseException))
+    return False
+
+
+def _create_failure(exc: Exception, secrets: tuple[str, ...]) -> CloudError:
+    """What a failed create POST means: a definite refusal (an HTTP 4xx), proof that it never
+    left, or doubt: anything else may have happened after Nova stored the server."""
+    if isinstance(exc, CloudError):
+        return exc
+    if isinstance(exc, sdk_exceptions.HttpException):
+        error = _translate_http(exc, secrets)
+        if not isinstance(error, CloudUnavailable):
+            return error
+    message = _scrub(str(exc) or type(exc).__name__, secrets)
+    if _never_sent(exc):
+        return CreateNotSent(message)
+    return CreateInDoubt(message)
+
+
 def _fault(value: object) -> Fault | None:
     """Nova's ``fault`` object (on ERROR and DELETED servers only)."""
     if not isinstance(value, dict):
@@ -134,6 +178,7 @@ def _record_from_body(body: dict[str, Any]) -> ServerRecord:
         tags=frozenset(str(tag) for tag in body.get("tags") or ()),
         task_state=body.get("OS-EXT-STS:task_state"),
         fault=_fault(fault),
+        created=str(body.get("created") or ""),
     )
 
 
@@ -154,6 +199,7 @@ def _record(server: Any) -> ServerRecord:
         tags=frozenset(server.tags or ()),
         task_state=server.task_state,
         fault=_fault(fault),
+        created=str(server.created_at or ""),
     )
 
 
@@ -186,7 +232,8 @@ class OpenStackCloud:
         self._connect = connect or self._default_connect
         self._pool: queue.SimpleQueue[openstack.connection.Connection] = queue.SimpleQueue()
         self._connections: list[openstack.connection.Connection] = []
-        self._limiter = anyio.CapacityLimiter(settings.concurrency)
+        self._threads = DaemonThreads(settings.concurrency, "osas-openstack")
+        self._create_threads = DaemonThreads(settings.concurrency, "osas-openstack-create")
         self._rate = AsyncLimiter(settings.rate_limit, 1.0)
         self._resolved: TTLCache[tuple[str, str], str | None] = TTLCache(
             maxsize=1024, ttl=settings.resolve_ttl
@@ -224,7 +271,13 @@ class OpenStackCloud:
         finally:
             self._pool.put(conn)
 
-    async def _once(self, operation: Callable[[openstack.connection.Connection], T]) -> T:
+    async def _once(
+        self,
+        operation: Callable[[openstack.connection.Connection], T],
+        *,
+        failure: Callable[[Exception, tuple[str, ...]], CloudError] = _translate,
+        threads: DaemonThreads | None = None,
+    ) -> T:
         """One call in a worker thread; every failure leaves as a CloudError."""
         secrets = self._secrets
 
@@ -233,10 +286,10 @@ class OpenStackCloud:
                 with self._connection() as conn:
                     return operation(conn)
             except Exception as exc:
-                raise _translate(exc, secrets) from exc
+                raise failure(exc, secrets) from exc
 
         async with self._rate:
-            return await anyio.to_thread.run_sync(run, limiter=self._limiter)
+            return await (threads or self._threads).run(run)
 
     async def _call(self, operation: Callable[[openstack.connection.Connection], T]) -> T:
         """An idempotent call, retried on transient failures."""
@@ -288,16 +341,20 @@ class OpenStackCloud:
         def listing(conn: openstack.connection.Connection) -> list[ServerRecord]:
             compute = conn.compute
             microversion = self._compute_microversion(conn)
-            records: list[ServerRecord] = []
+            # Nova may show a server twice across pages while builds are in flight: keep one
+            # record per id (the later one, which is the newer view).
+            records: dict[str, ServerRecord] = {}
             url: str | None = "/servers/detail"
             query = params
             while url is not None:
                 response = compute.get(url, params=query, microversion=microversion)
                 sdk_exceptions.raise_from_response(response)
                 body = response.json()
-                records.extend(_record_from_body(server) for server in body.get("servers", ()))
+                for server in body.get("servers", ()):
+                    record = _record_from_body(server)
+                    records[record.server_id] = record
                 url, query = _next_page(body), None  # the next link carries the query
-            return records
+            return list(records.values())
 
         return await self._call(listing)
 
@@ -362,18 +419,65 @@ class OpenStackCloud:
         return resource_id
 
     async def create_server(self, request: CreateServerRequest) -> ServerRecord:
+        try:
+            body = await self._create_body(request)
+        except CloudUnavailable as exc:
+            # Looking names up failed: the create itself was never sent.
+            raise CreateNotSent(f"before sending the create: {exc}") from exc
+
+        def prepare(conn: openstack.connection.Connection) -> str:
+            # Token, endpoint and microversion first, so that a failure of the POST below can
+            # only be the POST's own.
+            conn.session.get_auth_headers()
+            conn.compute.get_endpoint()
+            return self._compute_microversion(conn)
+
+        try:
+            microversion = await self._call(prepare)
+        except CloudUnavailable as exc:
+            raise CreateNotSent(f"before sending the create: {exc}") from exc
+
+        def create(conn: openstack.connection.Connection) -> ServerRecord:
+            response = conn.compute.post(
+                "/servers",
+                json=body,
+                microversion=microversion,
+                raise_exc=False,
+                # Sent once: a resend after a dropped connection or a 503 can make a second
+                # server (clouds.yaml may set these retries for every other call).
+                connect_retries=0,
+                status_code_retries=0,
+                retriable_status_codes=[],
+            )
+            sdk_exceptions.raise_from_response(response)
+            try:
+                server_id = str(response.json()["server"]["id"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CreateInDoubt(f"Nova's answer to a create is unreadable: {exc}") from exc
+            return ServerRecord(
+                server_id=server_id,
+                name=request.name,
+                status="BUILD",
+                metadata=dict(request.metadata),
+                tags=frozenset(request.tags),
+                task_state="scheduling",
+            )
+
+        return await self._once(create, failure=_create_failure, threads=self._create_threads)
+
+    async def _create_body(self, request: CreateServerRequest) -> dict[str, Any]:
+        """Nova's create body (compute API 2.52 and later), names resolved to ids."""
         flavor_id = await self._require("flavor", request.flavor)
         image_id = await self._require("image", request.image)
-        networks = [{"uuid": await self._require("network", n)} for n in request.networks]
-        attrs: dict[str, Any] = {
+        server: dict[str, Any] = {
             "name": request.name,
-            "flavor_id": flavor_id,
-            "networks": networks,
+            "flavorRef": flavor_id,
+            "networks": [{"uuid": await self._require("network", n)} for n in request.networks],
             "metadata": dict(request.metadata),
             "tags": list(request.tags),
         }
         if request.boot_volume is None:
-            attrs["image_id"] = image_id
+            server["imageRef"] = image_id
         else:
             mapping: dict[str, Any] = {
                 "boot_index": 0,
@@ -385,25 +489,20 @@ class OpenStackCloud:
             }
             if request.boot_volume.volume_type:
                 mapping["volume_type"] = request.boot_volume.volume_type
-            attrs["block_device_mapping"] = [mapping]
+            server["block_device_mapping_v2"] = [mapping]
         if request.user_data is not None:
-            # The compute proxy sends user_data as given; Nova wants base64.
-            attrs["user_data"] = base64.b64encode(request.user_data.encode()).decode("ascii")
+            server["user_data"] = base64.b64encode(request.user_data.encode()).decode("ascii")
         if request.key_name:
-            attrs["key_name"] = request.key_name
+            server["key_name"] = request.key_name
         if request.security_groups:
-            attrs["security_groups"] = [{"name": name} for name in request.security_groups]
+            server["security_groups"] = [{"name": name} for name in request.security_groups]
         if request.availability_zone:
-            attrs["availability_zone"] = request.availability_zone
+            server["availability_zone"] = request.availability_zone
+        body: dict[str, Any] = {"server": server}
         if request.server_group:
             group_id = await self._require("server group", request.server_group)
-            attrs["scheduler_hints"] = {"group": group_id}
-
-        def create(conn: openstack.connection.Connection) -> ServerRecord:
-            return _record(conn.compute.create_server(**attrs))
-
-        # Not retried here: a lost answer may hide a server (the engine looks it up first).
-        return await self._once(create)
+            body["os:scheduler_hints"] = {"group": group_id}
+        return body
 
     async def resolve(self, spec: NodeGroupSpec) -> list[Reference]:
         wanted: list[tuple[str, str]] = [("flavor", spec.flavor), ("image", spec.image)]
@@ -420,5 +519,9 @@ class OpenStackCloud:
             for conn in self._connections:
                 conn.close()
 
-        await anyio.to_thread.run_sync(close_all)
+        # In threads of its own: at shutdown the pools may all be stuck in calls.
+        with anyio.move_on_after(_CLOSE_TIMEOUT):
+            await DaemonThreads(1, "osas-openstack-close").run(close_all)
         self._connections.clear()
+        self._threads.close()
+        self._create_threads.close()

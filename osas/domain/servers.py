@@ -45,6 +45,7 @@ class ServerRecord:
     tags: frozenset[str]
     task_state: str | None = None
     fault: Fault | None = None
+    created: str = ""  # Nova's ISO 8601 ``created``; sorts in time order as text
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,7 @@ class Server:
     task_state: str | None
     request_id: str | None
     fault: Fault | None
+    created: str = ""
 
     @property
     def is_deleting(self) -> bool:
@@ -97,20 +99,36 @@ class OwnershipMarks:
             task_state=record.task_state,
             request_id=record.metadata.get(META_REQUEST),
             fault=record.fault,
+            created=record.created,
         )
 
 
-_OUT_OF_RESOURCES_MARKERS = ("quota exceeded", "no valid host", "exceeded maximum number")
+# Nova's wording for running out of quota, in every form FACTS.md lists: the synchronous 403/413
+# refusals ("Quota exceeded for cores: ...", "Quota exceeded, too many servers in group",
+# "Maximum number of ports exceeded") and the ERROR faults of its quota re-check.
+_QUOTA_MARKERS = (
+    "quota exceeded",
+    "quota_exceeded",
+    "overlimit",
+    "over limit",
+    "maximum number of ports exceeded",
+    "exceeded maximum number",
+)
+
+
+def is_quota_message(text: str) -> bool:
+    """Whether a Nova error text says the project ran out of quota."""
+    lowered = text.lower()
+    return any(marker in lowered for marker in _QUOTA_MARKERS)
 
 
 def classify_fault(fault: Fault | None) -> ErrorInfo:
     """Error info for an ERROR server: running out of capacity is class 1, the rest 99."""
     if fault is None:
         return ErrorInfo("ServerError", "server is in ERROR state", ErrorClass.OTHER)
-    text = fault.message.lower()
-    if "no valid host" in text:
+    if "no valid host" in fault.message.lower():
         return ErrorInfo("NoValidHost", fault.message, ErrorClass.OUT_OF_RESOURCES)
-    if any(marker in text for marker in _OUT_OF_RESOURCES_MARKERS):
+    if is_quota_message(fault.message):
         return ErrorInfo("QuotaExceeded", fault.message, ErrorClass.OUT_OF_RESOURCES)
     return ErrorInfo(f"ServerError{fault.code}", fault.message, ErrorClass.OTHER)
 

@@ -8,7 +8,6 @@ so a refused request changes nothing.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from osas.domain.errors import (
     InvalidRequest,
@@ -23,7 +22,8 @@ from osas.domain.ids import (
     parse_node,
     placeholder_id,
 )
-from osas.domain.inventory import CreateStage, Inventory
+from osas.domain.inventory import Inventory
+from osas.domain.ledger import Create, CreateState, DecreasePlan, DeletePlan
 from osas.domain.limits import check_group_id
 from osas.domain.servers import Server
 from osas.domain.specs import ClusterSpec, NodeGroupSpec
@@ -51,21 +51,18 @@ def plan_increase(cluster: ClusterSpec, inventory: Inventory, group_id: str, del
     return delta
 
 
-@dataclass(frozen=True, slots=True)
-class DecreasePlan:
-    failures: tuple[str, ...]  # request ids of failed creates to forget
-    cancels: tuple[str, ...]  # request ids of queued creates to cancel
-
-
 def plan_decrease(
     cluster: ClusterSpec, inventory: Inventory, group_id: str, delta: int
 ) -> DecreasePlan:
-    """DecreaseTargetSize(delta): give up creates that never became servers, newest first."""
+    """DecreaseTargetSize(delta): give up creates that never became servers, newest first.
+    Only failed creates and creates no worker has taken can go: one being sent or in doubt may
+    already be a server."""
     require_group(cluster, group_id)
     if delta >= 0:
         raise InvalidRequest(f"size decrease must be negative, got {delta}")
-    failures = [f.request_id for f in inventory.failures_of(group_id)]
-    queued = [c.request_id for c in inventory.cancellable_creates(group_id)]
+    ledger = inventory.ledger
+    failures = [c.request_id for c in ledger.failures_of(group_id)]
+    queued = [c.request_id for c in ledger.creates_of(group_id) if c.state is CreateState.QUEUED]
     candidates = failures + queued
     if -delta > len(candidates):
         raise PreconditionFailed(
@@ -80,29 +77,17 @@ def plan_decrease(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class DeletePlan:
-    group_id: str
-    servers: tuple[str, ...] = ()  # server ids to mark deleting and delete through the queue
-    failures: tuple[str, ...] = ()  # failed creates to forget
-    cancels: tuple[str, ...] = ()  # queued creates to cancel
-    dooms: tuple[str, ...] = ()  # creates in flight: delete their server once it exists
-    repeats: int = 0  # nodes already being deleted or gone: nothing to do
-
-    @property
-    def removals(self) -> int:
-        return len(self.servers) + len(self.failures) + len(self.cancels) + len(self.dooms)
-
-
 class _DeleteBuilder:
     def __init__(self, inventory: Inventory, cluster: ClusterSpec, group_id: str) -> None:
         self.inventory = inventory
+        self.ledger = inventory.ledger
         self.cluster = cluster
         self.group_id = group_id
         self.servers: list[str] = []
         self.failures: list[str] = []
         self.cancels: list[str] = []
-        self.dooms: list[str] = []
+        self.give_ups: list[str] = []
+        self.unknown: list[str] = []
         self.repeats = 0
         self.healthy_removals = 0
         self.seen: set[str] = set()
@@ -121,7 +106,7 @@ class _DeleteBuilder:
     def add_server(self, server: Server, shown: str) -> None:
         self._claim(self.cluster.provider_ids.format(server.server_id), shown)
         self._check_group(server.group_id, shown)
-        if self.inventory.is_deleting(server):
+        if self.ledger.is_deleting(server):
             self.repeats += 1
             return
         self.servers.append(server.server_id)
@@ -134,13 +119,14 @@ class _DeleteBuilder:
             self.add_server(server, shown)
             return
         instance_id = self.cluster.provider_ids.format(server_id)
-        create = self.inventory.pending_by_server(server_id)
+        create = self.ledger.create_of_server(server_id)
         if create is not None:
+            # Nova returned the server, no listing has shown it yet: delete it now.
             self._claim(instance_id, shown)
             self._check_group(create.group_id, shown)
-            self._add_pending(create.request_id, create.doomed)
+            self._add_create(create)
             return
-        if self.inventory.recently_removed(instance_id):
+        if self.ledger.recently_removed(instance_id) or self.ledger.is_marked(server_id):
             self._claim(instance_id, shown)
             self.repeats += 1
             return
@@ -150,33 +136,28 @@ class _DeleteBuilder:
         instance_id = placeholder_id(group_id, request_id)
         self._claim(instance_id, shown)
         self._check_group(group_id, shown)
-        failure = self.inventory.failure(request_id)
-        if failure is not None and failure.group_id == group_id:
-            self.failures.append(request_id)
-            return
-        create = self.inventory.pending(request_id)
+        create = self.ledger.create(request_id)
         if create is not None and create.group_id == group_id:
-            self._add_pending(request_id, create.doomed)
-            return
-        if self.inventory.recently_removed(instance_id):
+            self._add_create(create)
+        elif self.ledger.recently_removed(instance_id):
             self.repeats += 1
-            return
-        raise NodeNotFound(f"placeholder {shown!r} is not known to this cluster")
+        else:
+            # Not known here: a placeholder of an earlier osas process (CA's instance cache
+            # outlives a restart) or one removed long ago. Nothing to do, and no error: CA
+            # skips its whole clean-up loop when this call fails.
+            self.unknown.append(request_id)
 
-    def _add_pending(self, request_id: str, doomed: bool) -> None:
-        create = self.inventory.pending(request_id)
-        if create is None or doomed or create.server_id in self.inventory.deleting_ids():
-            self.repeats += 1
+    def _add_create(self, create: Create) -> None:
+        if create.state is CreateState.FAILED:
+            self.failures.append(create.request_id)
             return
         self.healthy_removals += 1
-        if create.stage is CreateStage.QUEUED:
-            self.cancels.append(request_id)
-            return
-        if create.server_id is not None:
-            # Nova already returned the server: delete it now rather than wait for a listing.
+        if create.state is CreateState.QUEUED:
+            self.cancels.append(create.request_id)
+        elif create.server_id is not None:
             self.servers.append(create.server_id)
         else:
-            self.dooms.append(request_id)
+            self.give_ups.append(create.request_id)
 
     def add_named(self, name: str) -> None:
         servers = self.inventory.servers_named(name)
@@ -224,6 +205,7 @@ def plan_delete(
         servers=tuple(builder.servers),
         failures=tuple(builder.failures),
         cancels=tuple(builder.cancels),
-        dooms=tuple(builder.dooms),
+        give_ups=tuple(builder.give_ups),
+        unknown=tuple(builder.unknown),
         repeats=builder.repeats,
     )

@@ -3,7 +3,6 @@ or turned into queued work, with the decisions taken in the domain."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping
 from decimal import Decimal
 
@@ -18,7 +17,8 @@ from osas.domain.pricing import node_price, pod_price
 from osas.domain.sizing import plan_decrease, plan_delete, plan_increase, require_group
 from osas.domain.specs import ClusterSpec, NodeGroupSpec
 from osas.domain.template import LABEL_INSTANCE_TYPE, NodeTemplate, build_template
-from osas.engine.queue import CreateTask, DeleteTask, TaskQueue
+from osas.engine.events import follow
+from osas.engine.queue import CreateTask, TaskQueue
 from osas.engine.reconciler import Reconciler
 from osas.engine.settings import EngineSettings
 
@@ -39,10 +39,20 @@ class Controller:
         self.queue = queue
         self.reconciler = reconciler
         self.settings = settings
+        self._accepting = True
 
     def check_ready(self) -> None:
         if not self.inventory.synced:
             raise NotReady("inventory not synced with OpenStack yet; try again shortly")
+
+    def stop_accepting(self) -> None:
+        """Shutting down: mutations are refused from now on (CA retries them elsewhere)."""
+        self._accepting = False
+
+    def _check_accepting(self) -> None:
+        self.check_ready()
+        if not self._accepting:
+            raise NotReady("osas is shutting down; no new work is accepted")
 
     # -- reads ------------------------------------------------------------------------------------
 
@@ -118,12 +128,11 @@ class Controller:
     # -- mutations --------------------------------------------------------------------------------
 
     def increase_size(self, group_id: str, delta: int) -> None:
-        self.check_ready()
+        self._check_accepting()
         count = plan_increase(self.cluster, self.inventory, group_id, delta)
-        tasks = [CreateTask(uuid.uuid4().hex, group_id) for _ in range(count)]
-        self.queue.ensure_room(len(tasks))
-        self.inventory.add_creates(group_id, [task.request_id for task in tasks])
-        self.queue.put_all(tasks)
+        self.queue.ensure_room(count)
+        request_ids = self.inventory.ledger.accept_creates(group_id, count, anyio.current_time())
+        self.queue.put_all([CreateTask(request_id, group_id) for request_id in request_ids])
         logger.info(
             "scale-up accepted",
             group=group_id,
@@ -132,39 +141,26 @@ class Controller:
         )
 
     def delete_nodes(self, group_id: str, nodes: list[NodeInfo]) -> None:
-        self.check_ready()
+        self._check_accepting()
         check_nodes(nodes)
         pairs = [(node.name, node.provider_id) for node in nodes]
         plan = plan_delete(self.cluster, self.inventory, group_id, pairs)
-        tasks = [DeleteTask(server_id, group_id) for server_id in plan.servers]
-        self.queue.ensure_room(len(tasks))
-        now = anyio.current_time()
-        self.inventory.mark_deleting(plan.servers, now)
-        for request_id in plan.failures:
-            self.inventory.remove_failure(request_id, now)
-        for request_id in plan.cancels:
-            self.inventory.cancel_create(request_id, now)
-        for request_id in plan.dooms:
-            self.inventory.doom_create(request_id)
-        self.queue.put_all(tasks)
+        self.queue.ensure_room(len(plan.servers))
+        follow(self.inventory.ledger.accept_delete(plan, anyio.current_time()), self.queue)
         logger.info(
             "scale-down accepted",
             group=group_id,
             servers=len(plan.servers),
             failed_creates=len(plan.failures),
-            cancelled_creates=len(plan.cancels) + len(plan.dooms),
-            repeats=plan.repeats,
+            cancelled_creates=len(plan.cancels) + len(plan.give_ups),
+            repeats=plan.repeats + len(plan.unknown),
             target=self.inventory.target_size(group_id),
         )
 
     def decrease_target_size(self, group_id: str, delta: int) -> None:
-        self.check_ready()
+        self._check_accepting()
         plan = plan_decrease(self.cluster, self.inventory, group_id, delta)
-        now = anyio.current_time()
-        for request_id in plan.failures:
-            self.inventory.remove_failure(request_id, now)
-        for request_id in plan.cancels:
-            self.inventory.cancel_create(request_id, now)
+        self.inventory.ledger.accept_decrease(plan, anyio.current_time())
         logger.info(
             "target decreased",
             group=group_id,
@@ -191,5 +187,5 @@ class Controller:
         logger.info(
             "cleanup requested by the Cluster Autoscaler",
             queued_tasks=len(self.queue),
-            deleting=len(self.inventory.deleting_ids()),
+            deleting=len(self.inventory.ledger.deleting_ids()),
         )

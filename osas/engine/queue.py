@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import anyio
 
 from osas.domain.errors import Overloaded
+from osas.domain.ledger import DeleteOrder
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,25 +27,35 @@ class DeleteTask:
 Task = CreateTask | DeleteTask
 
 
-class TaskQueue:
-    """A bounded FIFO of tasks; a batch goes in whole or not at all.
+def delete_tasks(orders: Iterable[DeleteOrder]) -> list[DeleteTask]:
+    return [DeleteTask(order.server_id, order.group_id) for order in orders]
 
+
+class TaskQueue:
+    """A bounded queue of tasks; a batch goes in whole or not at all.
+
+    Deletes go before creates: they are cheap, free quota, and must all be sent at shutdown.
     Every task queued or being worked on is "in hand", so that nothing is queued twice.
     """
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._items: deque[Task] = deque()
+        self._deletes: deque[DeleteTask] = deque()
+        self._creates: deque[CreateTask] = deque()
         self._in_hand: set[Task] = set()
-        self._not_empty = anyio.Event()
+        self._changed = anyio.Event()
         self._closed = False
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._deletes) + len(self._creates)
 
     @property
     def room(self) -> int:
-        return 0 if self._closed else self.capacity - len(self._items)
+        return self.capacity - len(self)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def in_hand(self, task: Task) -> bool:
         return task in self._in_hand
@@ -53,41 +64,64 @@ class TaskQueue:
         """Tasks queued or being worked on."""
         return len(self._in_hand)
 
+    def queued_deletes(self) -> int:
+        return len(self._deletes)
+
     def ensure_room(self, count: int) -> None:
-        if self._closed:
-            raise Overloaded("shutting down: no new work is accepted")
         if count > self.room:
             raise Overloaded(
                 f"task queue is full ({len(self)} of {self.capacity} queued); "
                 f"no room for {count} more"
             )
 
-    def put_all(self, tasks: Sequence[Task]) -> None:
-        """Queue every task, or raise Overloaded having queued none."""
-        self.ensure_room(len(tasks))
-        self._items.extend(tasks)
-        self._in_hand.update(tasks)
-        if self._items:
-            self._not_empty.set()
+    def put_new(self, tasks: Sequence[Task]) -> list[Task]:
+        """Queue the tasks not in hand already, as many as there is room for; those left out."""
+        fresh = [task for task in dict.fromkeys(tasks) if task not in self._in_hand]
+        room = max(self.room, 0)
+        self.put_all(fresh[:room])
+        return fresh[room:]
 
-    async def get(self) -> Task:
-        """The next task; raises ``anyio.EndOfStream`` once closed and drained."""
-        while not self._items:
+    def put_all(self, tasks: Sequence[Task]) -> None:
+        """Queue every task, or raise Overloaded having queued none. Once closed, only deletes
+        are taken."""
+        self.ensure_room(len(tasks))
+        if self._closed and any(isinstance(task, CreateTask) for task in tasks):
+            raise Overloaded("shutting down: no new creates are accepted")
+        for task in tasks:
+            if isinstance(task, DeleteTask):
+                self._deletes.append(task)
+            else:
+                self._creates.append(task)
+        self._in_hand.update(tasks)
+        if tasks:
+            self._wake()
+
+    async def get(self, *, deletes_only: bool = False) -> Task:
+        """The next task, a delete if there is one; raises ``anyio.EndOfStream`` once closed
+        and drained."""
+        while True:
+            if self._deletes:
+                return self._deletes.popleft()
+            if self._creates and not deletes_only:
+                return self._creates.popleft()
             if self._closed:
                 raise anyio.EndOfStream
-            await self._not_empty.wait()
-        return self._take()
+            changed = self._changed
+            await changed.wait()
 
-    def _take(self) -> Task:
-        task = self._items.popleft()
-        if not self._items and not self._closed:
-            self._not_empty = anyio.Event()
-        return task
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
 
     def done(self, task: Task) -> None:
         self._in_hand.discard(task)
 
-    def close(self) -> None:
-        """No more tasks; workers drain what is queued and stop."""
+    def close(self) -> list[CreateTask]:
+        """No more creates: queued ones are taken out and returned; queued deletes stay for the
+        workers to send before they stop."""
         self._closed = True
-        self._not_empty.set()
+        creates = list(self._creates)
+        self._creates.clear()
+        self._in_hand.difference_update(creates)
+        self._wake()
+        return creates

@@ -13,10 +13,12 @@ import structlog
 
 from osas.cloud.errors import CloudError
 from osas.cloud.port import Cloud
-from osas.domain.inventory import Inventory, SyncReport
+from osas.domain.inventory import Inventory
+from osas.domain.ledger import Next
 from osas.domain.servers import OwnershipMarks, Server
 from osas.domain.specs import ClusterSpec
-from osas.engine.queue import DeleteTask, TaskQueue
+from osas.engine.events import follow
+from osas.engine.queue import TaskQueue
 from osas.engine.settings import EngineSettings
 
 logger = structlog.get_logger(__name__)
@@ -47,6 +49,7 @@ class Reconciler:
         self._cluster = cluster
         self._cloud = cloud
         self._inventory = inventory
+        self._ledger = inventory.ledger
         self._queue = queue
         self._settings = settings
         self._marks = OwnershipMarks(cluster.cluster_name)
@@ -67,12 +70,13 @@ class Reconciler:
             or now - self._last_full >= self._settings.full_resync_interval
         )
 
-    async def reconcile_once(self, *, full: bool | None = None) -> SyncReport:
-        """One sync; raises ``CloudError`` and keeps the last good inventory when it fails."""
+    async def reconcile_once(self, *, full: bool | None = None) -> Next:
+        """One sync; raises ``CloudError`` and keeps the last good inventory when it fails.
+        What the ledger made of it (deletes queued, events logged) is returned."""
         now = self._clock()
         if full is None:
             full = self._full_due(now)
-        generation = self._inventory.begin_sync()
+        generation = self._ledger.begin_sync()
         started = datetime.now(UTC)
         tag = self._marks.cluster_tag
         try:
@@ -80,11 +84,11 @@ class Reconciler:
                 records = await self._cloud.list_servers(tag)
                 servers = [s for r in records if (s := self._marks.claim(r)) is not None]
                 await self._refresh_flavors()
-                report = self._inventory.apply_full_sync(generation, servers, self._clock())
+                steps = self._ledger.settle_full(generation, servers, self._clock())
                 self._last_full = now
                 self.status.full_syncs += 1
             else:
-                report = await self._incremental(generation, self._last_listing)
+                steps = await self._incremental(generation, self._last_listing)
                 self.status.incremental_syncs += 1
         except CloudError as exc:
             self.status.failures += 1
@@ -92,17 +96,11 @@ class Reconciler:
             raise
         self._last_listing = started
         self.status.last_error = None
-        self._resend_stale_deletes()
-        logger.debug(
-            "inventory synced",
-            full=full,
-            servers=report.servers,
-            settled_creates=report.settled_creates,
-            deleted=report.deleted,
-        )
-        return report
+        follow(steps, self._queue)
+        logger.debug("inventory synced", full=full, servers=len(self._inventory.snapshot))
+        return steps
 
-    async def _incremental(self, generation: int, since: datetime) -> SyncReport:
+    async def _incremental(self, generation: int, since: datetime) -> Next:
         since -= timedelta(seconds=self._settings.changes_since_overlap)
         records = await self._cloud.list_servers(self._marks.cluster_tag, changes_since=since)
         changed: list[Server] = []
@@ -116,31 +114,23 @@ class Reconciler:
         # A tag filter hides deleted servers (Nova drops their tags), so the servers osas is
         # deleting are checked one by one: traffic grows with deletes in flight, not cluster size.
         listed = {server.server_id for server in changed}
-        for server_id in self._inventory.deleting_ids():
+        for server_id in self._ledger.deleting_ids():
             if server_id in listed:
                 continue
             current = await self._cloud.get_server(server_id)
-            if current is None:
+            server = None if current is None else self._marks.claim(current)
+            if server is None:
                 gone.append(server_id)
-            elif (server := self._marks.claim(current)) is not None:
+            else:
                 changed.append(server)
-        return self._inventory.apply_changes(generation, changed, gone, self._clock())
+        return self._ledger.settle_changes(generation, changed, gone, self._clock())
 
     async def _refresh_flavors(self) -> None:
         for spec in self._cluster.node_groups:
             flavor = await self._cloud.get_flavor(spec.flavor)
             if flavor is None:
                 logger.error("flavor not found", group=spec.group_id, flavor=spec.flavor)
-            self._inventory.set_flavor(spec.group_id, flavor)
-
-    def _resend_stale_deletes(self) -> None:
-        now = self._clock()
-        for server in self._inventory.stale_deletions(now, self._settings.delete_retry_after):
-            task = DeleteTask(server.server_id, server.group_id)
-            if self._queue.in_hand(task) or not self._queue.room:
-                continue
-            logger.info("sending delete again", server_id=server.server_id)
-            self._queue.put_all([task])
+            self._inventory.snapshot.set_flavor(spec.group_id, flavor)
 
     async def run_reconciler(self) -> None:
         """Sync after every ``reconcile_interval``, or sooner when nudged, for ever. Failures

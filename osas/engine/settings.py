@@ -16,8 +16,5 @@ class EngineSettings:
     max_inventory_age: float = 180.0
     # changes-since is compared with Nova's clock; overlap windows to absorb clock skew.
     changes_since_overlap: float = 60.0
-    create_attempts: int = 3
     delete_attempts: int = 3
     retry_backoff: float = 1.0
-    # A server marked for deletion and still listed after this long gets its delete sent again.
-    delete_retry_after: float = 120.0

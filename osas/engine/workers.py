@@ -7,12 +7,22 @@ from string import Template
 import anyio
 import structlog
 
-from osas.cloud.errors import CloudError, CloudUnavailable
+from osas.cloud.errors import CloudError, CloudUnavailable, CreateNotSent
 from osas.cloud.port import Cloud, CreateServerRequest
 from osas.domain.ids import server_name
 from osas.domain.inventory import Inventory
-from osas.domain.servers import TAG_REQUEST_PREFIX, OwnershipMarks, ServerRecord
+from osas.domain.ledger import (
+    Created,
+    CreateOutcome,
+    DeleteOutcome,
+    InDoubt,
+    Next,
+    NotSent,
+    Refused,
+)
+from osas.domain.servers import ErrorClass, ErrorInfo, OwnershipMarks
 from osas.domain.specs import ClusterSpec, NodeGroupSpec
+from osas.engine.events import follow, log_next
 from osas.engine.queue import CreateTask, DeleteTask, Task, TaskQueue
 from osas.engine.settings import EngineSettings
 
@@ -55,7 +65,10 @@ def create_request(
 
 
 class Workers:
-    """A pool of workers over one queue. ``handle`` does one task; ``run_workers`` loops."""
+    """A pool of workers over one queue. ``handle`` does one task; ``run_workers`` loops.
+
+    Workers do the I/O and report each outcome to the ledger, which says what happens next.
+    """
 
     def __init__(
         self,
@@ -67,28 +80,43 @@ class Workers:
     ) -> None:
         self._cluster = cluster
         self._cloud = cloud
-        self._inventory = inventory
+        self._ledger = inventory.ledger
         self._queue = queue
         self._settings = settings
         self._marks = OwnershipMarks(cluster.cluster_name)
-        self._draining = False
+        self._draining = anyio.Event()
 
-    def drain(self) -> None:
-        """Shutting down: queued deletes are still done, queued creates are dropped (CA sees the
-        target fall after a restart and asks again; nothing half-made is left behind)."""
-        self._draining = True
-        self._queue.close()
+    def drain(self) -> dict[str, int]:
+        """Shutting down: queued deletes are still sent, by more workers than usual, and queued
+        creates are dropped (CA asks again). How many creates were dropped, per group."""
+        self._draining.set()
+        dropped = self._queue.close()
+        steps = self._ledger.drop_queued([t.request_id for t in dropped], anyio.current_time())
+        log_next(steps)
+        counts: dict[str, int] = {}
+        for event in steps.events:
+            counts[event.group_id] = counts.get(event.group_id, 0) + 1
+        return counts
 
     async def run_workers(self) -> None:
-        """Run ``settings.workers`` workers until the queue is closed and drained."""
+        """Run ``settings.workers`` workers, plus one that only deletes (so that deletes never
+        wait behind slow creates), until the queue is closed and drained."""
+        count = self._settings.workers
         async with anyio.create_task_group() as group:
-            for index in range(self._settings.workers):
+            for index in range(count):
                 group.start_soon(self._run_one, index, name=f"osas-worker-{index}")
+            group.start_soon(self._run_deleter, count, name="osas-deleter")
+            await self._draining.wait()
+            for index in range(count + 1, 2 * count + 1):
+                group.start_soon(self._run_deleter, index, name=f"osas-deleter-{index}")
 
-    async def _run_one(self, index: int) -> None:
+    async def _run_deleter(self, index: int) -> None:
+        await self._run_one(index, deletes_only=True)
+
+    async def _run_one(self, index: int, *, deletes_only: bool = False) -> None:
         while True:
             try:
-                task = await self._queue.get()
+                task = await self._queue.get(deletes_only=deletes_only)
             except anyio.EndOfStream:
                 logger.debug("worker stopped", worker=index)
                 return
@@ -110,88 +138,86 @@ class Workers:
     async def _backoff(self, attempt: int) -> None:
         await anyio.sleep(self._settings.retry_backoff * 2**attempt)
 
+    def _follow(self, steps: Next) -> None:
+        follow(steps, self._queue)
+
     async def _create(self, task: CreateTask) -> None:
         log = logger.bind(group=task.group_id, request_id=task.request_id)
-        if self._draining:
-            log.info("queued create dropped at shutdown")
-            self._inventory.cancel_create(task.request_id, anyio.current_time())
-            return
-        create = self._inventory.start_create(task.request_id)
         spec = self._cluster.group(task.group_id)
-        if create is None or spec is None:
-            log.info("create cancelled before it was sent")
-            return
-        record = await self._submit_create(create_request(self._cluster, spec, task.request_id))
-        if isinstance(record, CloudError):
-            log.warning("create failed", error=str(record), code=record.code)
-            self._inventory.create_failed(
-                task.request_id, record.error_info(), anyio.current_time()
-            )
-            return
+        attempt = 0
+        while self._ledger.take_create(task.request_id) is not None:
+            if spec is None:
+                outcome: CreateOutcome = Refused(
+                    ErrorInfo(
+                        "NodeGroupRemoved",
+                        f"node group {task.group_id!r} is no longer configured",
+                        ErrorClass.OTHER,
+                    )
+                )
+            else:
+                outcome = await self._send_create(
+                    create_request(self._cluster, spec, task.request_id)
+                )
+            if isinstance(outcome, Created):
+                log.info("server created", server_id=outcome.server.server_id)
+            steps = self._ledger.finish_create(task.request_id, outcome, anyio.current_time())
+            self._follow(steps)
+            if not steps.retry:
+                return
+            log.info("create never reached Nova; sending it again", attempt=attempt + 1)
+            if self._draining.is_set():
+                self._follow(self._ledger.drop_queued([task.request_id], anyio.current_time()))
+                return
+            await self._backoff(attempt)
+            attempt += 1
+
+    async def _send_create(self, request: CreateServerRequest) -> CreateOutcome:
+        """The create, sent once, and what came of it. Nova has no idempotency key: only an
+        answer that proves the request never left allows sending it again."""
+        try:
+            record = await self._cloud.create_server(request)
+        except CreateNotSent as exc:
+            return NotSent(exc.error_info())
+        except CloudUnavailable as exc:
+            return InDoubt(str(exc))
+        except CloudError as exc:
+            return Refused(exc.error_info())
         server = self._marks.claim(record)
         if server is None:
             # Only possible if the cloud dropped our marks; never treat the server as ours.
-            log.error("created server lacks ownership marks", server_id=record.server_id)
-            error = CloudError("created server lacks ownership marks").error_info()
-            self._inventory.create_failed(task.request_id, error, anyio.current_time())
-            return
-        log.info("server created", server_id=server.server_id, name=server.name)
-        self._inventory.create_succeeded(task.request_id, server)
-        if create.doomed:
-            log.info("create was given up while in flight; deleting its server")
-            self._inventory.mark_deleting([server.server_id], anyio.current_time())
-            if self._queue.room:
-                self._queue.put_all([DeleteTask(server.server_id, task.group_id)])
-
-    async def _submit_create(self, request: CreateServerRequest) -> ServerRecord | CloudError:
-        """The created server, or the error that ends this create.
-
-        Nova has no idempotency key: after an answer that may hide a success, look the request
-        id tag up before sending the create again, so a retry never makes a second server.
-        """
-        request_tag = next(tag for tag in request.tags if tag.startswith(TAG_REQUEST_PREFIX))
-        last_error: CloudError = CloudUnavailable("no attempt made")
-        for attempt in range(self._settings.create_attempts):
-            if attempt:
-                await self._backoff(attempt - 1)
-                try:
-                    found = await self._cloud.list_servers(request_tag)
-                except CloudError as exc:
-                    # Unknown whether the last try worked: do not risk a duplicate.
-                    return exc
-                if found:
-                    return found[0]
-            try:
-                return await self._cloud.create_server(request)
-            except CloudUnavailable as exc:
-                last_error = exc
-            except CloudError as exc:
-                return exc
-        return last_error
+            logger.error("created server lacks ownership marks", server_id=record.server_id)
+            return Refused(CloudError("created server lacks ownership marks").error_info())
+        return Created(server)
 
     async def _delete(self, task: DeleteTask) -> None:
         log = logger.bind(group=task.group_id, server_id=task.server_id)
+        outcome = DeleteOutcome.FAILED
         for attempt in range(self._settings.delete_attempts):
             if attempt:
                 await self._backoff(attempt - 1)
             try:
-                record = await self._cloud.get_server(task.server_id)
-                if record is None:
-                    log.info("server already gone")
-                    self._inventory.forget_server(task.server_id, anyio.current_time())
-                    return
-                server = self._marks.claim(record)
-                if server is None or server.group_id != task.group_id:
-                    # Marks changed since the inventory saw it: never delete what is not ours.
-                    log.error("refusing to delete: server no longer carries this group's marks")
-                    return
-                await self._cloud.delete_server(task.server_id)
+                outcome = await self._delete_once(task)
             except CloudUnavailable as exc:
                 log.warning("delete attempt failed", attempt=attempt + 1, error=str(exc))
+                continue
             except CloudError as exc:
                 log.error("delete refused by the cloud", error=str(exc))
-                return
-            else:
-                log.info("server delete sent")
-                return
-        log.warning("delete failed; the reconciler will send it again")
+            break
+        if outcome is DeleteOutcome.SENT:
+            log.info("server delete sent")
+        elif outcome is DeleteOutcome.NOT_OURS:
+            log.error("refusing to delete: server no longer carries this group's marks")
+        elif outcome is DeleteOutcome.FAILED:
+            log.warning("delete failed; it is sent again later")
+        self._follow(self._ledger.finish_delete(task.server_id, outcome, anyio.current_time()))
+
+    async def _delete_once(self, task: DeleteTask) -> DeleteOutcome:
+        record = await self._cloud.get_server(task.server_id)
+        if record is None:
+            return DeleteOutcome.GONE
+        server = self._marks.claim(record)
+        if server is None or server.group_id != task.group_id:
+            # Marks changed since the listing: never delete what is not ours.
+            return DeleteOutcome.NOT_OURS
+        await self._cloud.delete_server(task.server_id)
+        return DeleteOutcome.SENT

@@ -79,7 +79,7 @@ def inventory_memory(servers: int) -> None:
     inventory = Inventory(cluster)
     claimed: list[Server] = [c for r in records if (c := marks.claim(r)) is not None]
     started = time.perf_counter()
-    inventory.apply_full_sync(inventory.begin_sync(), claimed, 0.0)
+    inventory.ledger.settle_full(inventory.ledger.begin_sync(), claimed, 0.0)
     elapsed = time.perf_counter() - started
     size, _peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()

@@ -1,0 +1,169 @@
+"""What Nova last showed of the cluster's servers, kept indexed the way every read needs it.
+
+Listings are applied as differences: a server that did not change is not touched, so a sync
+that brings nothing new costs nothing and one that brings k servers costs O(k). Every change to
+a node group's servers bumps that group's generation, so answers derived from a group can be
+reused until it changes. Nothing here decides anything; the ``Ledger`` does, on top of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from osas.domain.servers import Flavor, Server
+
+# Nova shows these while a server is deleted; they are not servers any more.
+_GONE_STATUSES = frozenset({"DELETED"})
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotDiff:
+    """What one listing changed: servers new to the snapshot, changed ones, and ids gone."""
+
+    added: tuple[Server, ...] = ()
+    changed: tuple[Server, ...] = ()
+    gone: tuple[Server, ...] = ()
+
+    def touched(self) -> Iterator[Server]:
+        yield from self.added
+        yield from self.changed
+        yield from self.gone
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """Servers by id, with indexes by node group, name and request id."""
+
+    _servers: dict[str, Server] = field(default_factory=dict)
+    _by_group: dict[str, dict[str, Server]] = field(default_factory=dict)
+    _by_name: dict[str, set[str]] = field(default_factory=dict)
+    _by_request: dict[str, set[str]] = field(default_factory=dict)
+    _generations: dict[str, int] = field(default_factory=dict)
+    _flavors: dict[str, Flavor] = field(default_factory=dict)
+    listed_at: float | None = None  # when the last listing was applied; None before the first
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._servers)
+
+    def __contains__(self, server_id: object) -> bool:
+        return server_id in self._servers
+
+    def get(self, server_id: str) -> Server | None:
+        return self._servers.get(server_id)
+
+    def servers(self) -> Iterable[Server]:
+        return self._servers.values()
+
+    def of_group(self, group_id: str) -> Iterable[Server]:
+        return self._by_group.get(group_id, {}).values()
+
+    def named(self, name: str) -> list[Server]:
+        return [self._servers[server_id] for server_id in self._by_name.get(name, ())]
+
+    def of_request(self, request_id: str) -> list[Server]:
+        """Every listed server made for one create request (more than one is a duplicate)."""
+        return [self._servers[server_id] for server_id in self._by_request.get(request_id, ())]
+
+    def generation(self, group_id: str) -> int:
+        """Bumped by every change to the group's servers or to the ledger entries of the group."""
+        return self._generations.get(group_id, 0)
+
+    def touch(self, group_id: str) -> None:
+        self._generations[group_id] = self._generations.get(group_id, 0) + 1
+
+    def flavor(self, group_id: str) -> Flavor | None:
+        return self._flavors.get(group_id)
+
+    def set_flavor(self, group_id: str, flavor: Flavor | None) -> None:
+        if flavor == self._flavors.get(group_id):
+            return
+        if flavor is None:
+            del self._flavors[group_id]
+        else:
+            self._flavors[group_id] = flavor
+        self.touch(group_id)
+
+    # -- changes ----------------------------------------------------------------------------------
+
+    def apply_full(self, listed: Iterable[Server], now: float) -> SnapshotDiff:
+        """A complete listing: whatever it does not show is gone."""
+        self.listed_at = now
+        fresh: dict[str, Server] = {}
+        for server in listed:
+            if server.status not in _GONE_STATUSES:
+                fresh[server.server_id] = server
+        gone = [server for server_id, server in self._servers.items() if server_id not in fresh]
+        added, changed = self._merge(fresh.values())
+        for server in gone:
+            self._remove(server)
+        return SnapshotDiff(tuple(added), tuple(changed), tuple(gone))
+
+    def apply_changes(
+        self, changed: Iterable[Server], gone_ids: Iterable[str], now: float
+    ) -> SnapshotDiff:
+        """An incremental listing: servers that changed, and ids known to be gone."""
+        self.listed_at = now
+        live: list[Server] = []
+        gone_ids = set(gone_ids)
+        for server in changed:
+            if server.status in _GONE_STATUSES:
+                gone_ids.add(server.server_id)
+            else:
+                live.append(server)
+        added, updated = self._merge(live)
+        gone = [self._servers[server_id] for server_id in gone_ids if server_id in self._servers]
+        for server in gone:
+            self._remove(server)
+        return SnapshotDiff(tuple(added), tuple(updated), tuple(gone))
+
+    def forget(self, server_id: str) -> Server | None:
+        """Nova answered 404 for this server: it is gone, whatever the last listing said."""
+        server = self._servers.get(server_id)
+        if server is not None:
+            self._remove(server)
+        return server
+
+    def _merge(self, servers: Iterable[Server]) -> tuple[list[Server], list[Server]]:
+        added: list[Server] = []
+        changed: list[Server] = []
+        for server in servers:
+            old = self._servers.get(server.server_id)
+            if old == server:
+                continue
+            if old is None:
+                added.append(server)
+            else:
+                self._remove(old)
+                changed.append(server)
+            self._insert(server)
+        return added, changed
+
+    def _insert(self, server: Server) -> None:
+        self._servers[server.server_id] = server
+        self._by_group.setdefault(server.group_id, {})[server.server_id] = server
+        self._by_name.setdefault(server.name, set()).add(server.server_id)
+        if server.request_id:
+            self._by_request.setdefault(server.request_id, set()).add(server.server_id)
+        self.touch(server.group_id)
+
+    def _remove(self, server: Server) -> None:
+        server_id = server.server_id
+        del self._servers[server_id]
+        group = self._by_group[server.group_id]
+        del group[server_id]
+        if not group:
+            del self._by_group[server.group_id]
+        _drop(self._by_name, server.name, server_id)
+        if server.request_id:
+            _drop(self._by_request, server.request_id, server_id)
+        self.touch(server.group_id)
+
+
+def _drop(index: dict[str, set[str]], key: str, server_id: str) -> None:
+    members = index[key]
+    members.discard(server_id)
+    if not members:
+        del index[key]

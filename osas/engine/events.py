@@ -1,0 +1,65 @@
+"""What the ledger says must happen next, carried out: its deletes queued, and its events told
+to the operator, one log line each, at a level that says whether anyone needs to look."""
+
+from __future__ import annotations
+
+import logging
+
+import structlog
+
+from osas.domain.ledger import DeleteReason, EventKind, Next
+from osas.engine.queue import TaskQueue, delete_tasks
+
+logger = structlog.get_logger("osas.ledger")
+
+_EVENT_LEVELS: dict[EventKind, int] = {
+    EventKind.CREATE_IN_DOUBT: logging.WARNING,
+    EventKind.CREATE_FAILED: logging.WARNING,
+    EventKind.CREATE_SETTLED: logging.INFO,
+    EventKind.CREATE_GIVEN_UP: logging.WARNING,
+    EventKind.CREATE_VANISHED: logging.WARNING,
+    EventKind.CREATE_DROPPED: logging.DEBUG,  # counted in one shutdown warning instead
+    EventKind.SERVER_DELETED: logging.INFO,
+    EventKind.DELETE_REFUSED: logging.ERROR,
+    EventKind.STRAY_ADOPTED: logging.WARNING,
+    EventKind.ABOVE_MAX_KEPT: logging.WARNING,
+    EventKind.UNKNOWN_PLACEHOLDER: logging.INFO,
+}
+
+_DELETE_LEVELS: dict[DeleteReason, int] = {
+    DeleteReason.REQUESTED: logging.DEBUG,  # the scale-down line says it already
+    DeleteReason.GIVEN_UP: logging.INFO,
+    DeleteReason.ORPHAN: logging.WARNING,
+    DeleteReason.DUPLICATE: logging.WARNING,
+    DeleteReason.ABOVE_MAX: logging.WARNING,
+    DeleteReason.RESEND: logging.INFO,
+}
+
+
+def log_next(steps: Next) -> None:
+    for event in steps.events:
+        logger.log(
+            _EVENT_LEVELS[event.kind],
+            event.kind.value,
+            group=event.group_id,
+            request_id=event.request_id,
+            server_id=event.server_id,
+            detail=event.detail or None,
+        )
+    for order in steps.deletes:
+        logger.log(
+            _DELETE_LEVELS[order.reason],
+            "deleting server",
+            reason=order.reason.value,
+            group=order.group_id,
+            server_id=order.server_id,
+        )
+
+
+def follow(steps: Next, queue: TaskQueue) -> None:
+    """Log what the ledger said and queue its deletes (those not in hand already)."""
+    log_next(steps)
+    left_out = queue.put_new(delete_tasks(steps.deletes))
+    if left_out:
+        # Marked deleting all the same: the ledger sends them again after delete_retry_after.
+        logger.warning("queue full; deletes postponed", servers=len(left_out))

@@ -1,0 +1,372 @@
+"""The ledger's invariants under any order of events, without I/O.
+
+A hypothesis state machine drives the domain alone — ``Inventory`` with its ``Ledger`` — the way
+the engine does, against a model of Nova that can store a create late, twice, or never, lose the
+answer, refuse it, and forget everything osas had in memory (a restart). After every
+convergence (the faults stop, deletes are carried out, a complete listing is settled):
+
+- at most one server per create request is kept;
+- the servers of the group plus the creates in hand never exceed max_size;
+- the target never exceeds max_size, at any step;
+- only servers the ledger was shown are ever deleted.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from osas.domain.errors import OsasError
+from osas.domain.ids import ProviderIdFormat
+from osas.domain.inventory import InstanceState, Inventory
+from osas.domain.ledger import (
+    Created,
+    CreateOutcome,
+    CreateState,
+    DeleteOrder,
+    DeleteOutcome,
+    InDoubt,
+    LedgerSettings,
+    Next,
+    NotSent,
+    Refused,
+)
+from osas.domain.servers import ErrorClass, ErrorInfo, Server
+from osas.domain.sizing import plan_decrease, plan_delete, plan_increase
+from osas.domain.specs import ClusterSpec, NodeGroupSpec
+
+MAX_SIZE = 4
+WINDOW = 10.0
+SETTINGS = LedgerSettings(doubt_window=WINDOW, delete_retry_after=5.0)
+CLUSTER = ClusterSpec(
+    "prod",
+    (
+        NodeGroupSpec(
+            group_id="workers",
+            min_size=0,
+            max_size=MAX_SIZE,
+            flavor="m1.small",
+            image="img",
+            networks=("net",),
+        ),
+    ),
+)
+IDS = ProviderIdFormat()
+QUOTA = ErrorInfo("QuotaExceeded", "Quota exceeded for instances", ErrorClass.OUT_OF_RESOURCES)
+DOWN = ErrorInfo("CreateNotSent", "connection refused", ErrorClass.OTHER)
+
+
+@dataclass
+class NovaServer:
+    server: Server
+    deleted: bool = False
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+        self.nova: dict[str, NovaServer] = {}
+        self.late: list[str] = []  # request ids Nova will store later (an answer lost)
+        self.shown: set[str] = set()  # server ids any listing showed osas
+        self.deletes: list[DeleteOrder] = []  # orders the workers have not carried out yet
+        self.queued: list[str] = []  # request ids in the task queue
+        self.want = 0  # the size CA is after
+        self._boot()
+
+    def _boot(self) -> None:
+        self.inventory = Inventory(CLUSTER, SETTINGS)
+        self.ledger = self.inventory.ledger
+        self.queued = []
+        self.deletes = []
+        # Requests CA gave up in this process's lifetime: a server of theirs must never be kept.
+        self.given_up: set[str] = set()
+        self._list(full=True)
+        # A kill can lose an accepted delete (memory only): the next process adopts the server,
+        # even above max_size, and leaves it to CA's scale-down. It never adds to that.
+        self.bound = max(MAX_SIZE, self.ledger.target_size("workers"))
+
+    # -- the model of Nova ------------------------------------------------------------------------
+
+    def _store(self, request_id: str) -> Server:
+        server_id = str(uuid.uuid4())
+        server = Server(
+            server_id=server_id,
+            name=f"prod-workers-{request_id[:10]}",
+            group_id="workers",
+            status="BUILD",
+            task_state=None,
+            request_id=request_id,
+            fault=None,
+            created=f"{self.now:012.3f}-{len(self.nova):06d}",
+        )
+        self.nova[server_id] = NovaServer(server)
+        return server
+
+    def _live(self) -> list[Server]:
+        return [entry.server for entry in self.nova.values() if not entry.deleted]
+
+    def _list(self, *, full: bool) -> None:
+        generation = self.ledger.begin_sync()
+        listed = self._live()
+        self.shown.update(s.server_id for s in listed)
+        if full:
+            self._follow(self.ledger.settle_full(generation, listed, self.now))
+        else:
+            self._follow(self.ledger.settle_changes(generation, listed, [], self.now))
+
+    def _follow(self, steps: Next) -> None:
+        for order in steps.deletes:
+            assert order.server_id in self.shown or order.server_id in self.nova, order
+        self.deletes.extend(steps.deletes)
+
+    # -- CA ---------------------------------------------------------------------------------------
+
+    @rule(delta=st.integers(1, 3))
+    def increase(self, delta: int) -> None:
+        target = self.ledger.target_size("workers")
+        if self._increase(delta):
+            self.want = max(self.want, target + delta)
+
+    def _increase(self, delta: int) -> bool:
+        try:
+            count = plan_increase(CLUSTER, self.inventory, "workers", delta)
+        except OsasError:
+            return False
+        self.queued.extend(self.ledger.accept_creates("workers", count, self.now))
+        return True
+
+    @rule()
+    def ask_again(self) -> None:
+        """CA's next loop: the target is short of what it wants (failures cleaned up, a
+        restart forgot creates): it asks for the rest."""
+        missing = self.want - self.ledger.target_size("workers")
+        if missing > 0:
+            self._increase(missing)
+
+    def _accept_delete(self, instance_ids: list[str]) -> bool:
+        try:
+            plan = plan_delete(CLUSTER, self.inventory, "workers", [(i, i) for i in instance_ids])
+        except OsasError:
+            return False
+        self._follow(self.ledger.accept_delete(plan, self.now))
+        self.given_up.update((*plan.failures, *plan.cancels, *plan.give_ups))
+        return True
+
+    @rule(data=st.data())
+    def delete_nodes(self, data: st.DataObject) -> None:
+        instances = self.inventory.instances("workers")
+        if not instances:
+            return
+        chosen = data.draw(
+            st.lists(st.sampled_from(instances), min_size=1, max_size=3, unique=True)
+        )
+        try:
+            plan = plan_delete(
+                CLUSTER, self.inventory, "workers", [(i.instance_id, i.instance_id) for i in chosen]
+            )
+        except OsasError:
+            return
+        self._follow(self.ledger.accept_delete(plan, self.now))
+
+    @rule()
+    def clean_up_failures(self) -> None:
+        """CA's deleteCreatedNodesWithErrors."""
+        failed = [i.instance_id for i in self.inventory.instances("workers") if i.error]
+        if failed:
+            assert self._accept_delete(failed)
+
+    @rule(delta=st.integers(-2, -1))
+    def decrease(self, delta: int) -> None:
+        try:
+            plan = plan_decrease(CLUSTER, self.inventory, "workers", delta)
+        except OsasError:
+            return
+        self.ledger.accept_decrease(plan, self.now)
+        self.given_up.update((*plan.failures, *plan.cancels))
+        self.want = max(0, self.want + delta)
+
+    # -- workers ----------------------------------------------------------------------------------
+
+    # One rule per outcome, so that sending creates is drawn as often as everything else.
+
+    @rule(data=st.data())
+    def create_succeeds(self, data: st.DataObject) -> None:
+        self._send(data, "created")
+
+    @rule(data=st.data())
+    def create_listed_before_its_answer(self, data: st.DataObject) -> None:
+        self._send(data, "created-listed-first")
+
+    @rule(data=st.data())
+    def create_refused(self, data: st.DataObject) -> None:
+        self._send(data, "refused")
+
+    @rule(data=st.data())
+    def create_never_sent(self, data: st.DataObject) -> None:
+        self._send(data, "not-sent")
+
+    @rule(data=st.data(), when=st.sampled_from(["doubt-stored", "doubt-late", "doubt-never"]))
+    def create_in_doubt(self, data: st.DataObject, when: str) -> None:
+        self._send(data, when)
+
+    @rule(data=st.data())
+    def create_resent_behind_our_back(self, data: st.DataObject) -> None:
+        self._send(data, "doubt-twice")
+
+    def _send(self, data: st.DataObject, outcome: str) -> None:
+        if not self.queued:
+            return
+        request_id = data.draw(st.sampled_from(self.queued))
+        self.queued.remove(request_id)
+        if self.ledger.take_create(request_id) is None:
+            return
+        sends = 0
+        while True:
+            sends += 1
+            assert sends <= SETTINGS.create_attempts, "a create was taken again without NotSent"
+            result = self._outcome(request_id, outcome)
+            steps = self.ledger.finish_create(request_id, result, self.now)
+            self._follow(steps)
+            if not steps.retry:
+                break
+            outcome = data.draw(st.sampled_from(["created", "not-sent", "doubt-late"]))
+            if self.ledger.take_create(request_id) is None:
+                break
+        # Never sent again: once answered or in doubt, it is never handed out.
+        assert self.ledger.take_create(request_id) is None
+
+    def _outcome(self, request_id: str, outcome: str) -> CreateOutcome:  # noqa: PLR0911 - one per kind
+        match outcome:
+            case "created":
+                return Created(self._store(request_id))
+            case "created-listed-first":
+                server = self._store(request_id)
+                self._list(full=False)
+                return Created(server)
+            case "refused":
+                return Refused(QUOTA)
+            case "not-sent":
+                return NotSent(DOWN)
+            case "doubt-stored":
+                self._store(request_id)
+                return InDoubt("503")
+            case "doubt-late":
+                self.late.append(request_id)
+                return InDoubt("timeout")
+            case "doubt-twice":  # a client resent the POST behind osas's back
+                self._store(request_id)
+                self._store(request_id)
+                return InDoubt("connection dropped")
+            case _:
+                return InDoubt("timeout")
+
+    @rule(data=st.data())
+    def nova_stores_late(self, data: st.DataObject) -> None:
+        if not self.late:
+            return
+        request_id = data.draw(st.sampled_from(self.late))
+        self.late.remove(request_id)
+        self._store(request_id)
+
+    @rule(data=st.data(), works=st.booleans())
+    def carry_out_delete(self, data: st.DataObject, works: bool) -> None:
+        if not self.deletes:
+            return
+        order = data.draw(st.sampled_from(self.deletes))
+        self.deletes.remove(order)
+        entry = self.nova.get(order.server_id)
+        if entry is None or entry.deleted:
+            outcome = DeleteOutcome.GONE
+        elif works:
+            entry.deleted = True
+            outcome = DeleteOutcome.SENT
+        else:
+            outcome = DeleteOutcome.FAILED
+        self._follow(self.ledger.finish_delete(order.server_id, outcome, self.now))
+
+    # -- time, listings, restarts -----------------------------------------------------------------
+
+    @rule(seconds=st.sampled_from([0.5, 3.0, 6.0, 12.0]))
+    def time_passes(self, seconds: float) -> None:
+        self.now += seconds
+
+    @rule(full=st.booleans())
+    def listing(self, full: bool) -> None:
+        self._list(full=full)
+
+    @rule()
+    def restart(self) -> None:
+        """osas killed: everything in memory is gone; Nova keeps what it has, and what it was
+        still going to store."""
+        self._boot()
+
+    # -- invariants -------------------------------------------------------------------------------
+
+    @invariant()
+    def target_never_passes_max_size(self) -> None:
+        assert self.ledger.target_size("workers") <= self.bound
+
+    @invariant()
+    def instances_and_target_agree(self) -> None:
+        instances = self.inventory.instances("workers")
+        counted = [i for i in instances if i.state is not InstanceState.DELETING]
+        assert len(counted) == self.ledger.target_size("workers")
+        assert len({i.instance_id for i in instances}) == len(instances)
+
+    def _scale_down_what_ca_did_not_ask_for(self) -> None:
+        excess = self.ledger.target_size("workers") - self.want
+        running = [
+            i.instance_id
+            for i in self.inventory.instances("workers")
+            if i.state is not InstanceState.DELETING and i.error is None
+        ]
+        if excess > 0 and running:
+            assert self._accept_delete(running[:excess])
+
+    def teardown(self) -> None:
+        self.converge()
+
+    def converge(self) -> None:
+        for request_id in list(self.late):
+            self._store(request_id)
+        self.late.clear()
+        self.queued.clear()  # CA would ask again; what is still queued is dropped
+        self.ledger.drop_queued(
+            [c.request_id for c in self.ledger.creates() if c.state is CreateState.QUEUED],
+            self.now,
+        )
+        self.now += WINDOW + 1  # every doubt resolved one way or the other
+        for _ in range(10):
+            self._list(full=True)
+            self.clean_up_failures()
+            self._scale_down_what_ca_did_not_ask_for()
+            while self.deletes:
+                order = self.deletes.pop()
+                entry = self.nova.get(order.server_id)
+                if entry is not None:
+                    entry.deleted = True
+                self._follow(
+                    self.ledger.finish_delete(order.server_id, DeleteOutcome.SENT, self.now)
+                )
+            self.now += SETTINGS.delete_retry_after
+        self._list(full=True)
+        live = self._live()
+        per_request = Counter(s.request_id for s in live)
+        assert max(per_request.values(), default=0) <= 1, per_request
+        pending = sum(1 for _ in self.ledger.creates_of("workers"))
+        assert len(live) + pending <= MAX_SIZE, (len(live), pending)
+        assert not self.deletes
+        kept_given_up = [s for s in live if s.request_id in self.given_up]
+        assert not kept_given_up, kept_given_up
+
+
+TestLedgerInvariants = LedgerMachine.TestCase
+TestLedgerInvariants.settings = settings(
+    max_examples=300, stateful_step_count=60, deadline=None, derandomize=True
+)
