@@ -18,8 +18,6 @@ import anyio
 import structlog
 
 from osas.cloud.errors import CloudConfigurationError, CloudError
-from osas.cloud.fake import FakeCloud, FakeNova
-from osas.cloud.openstack import OpenStackCloud
 from osas.cloud.port import Cloud
 from osas.config import OsasConfig
 from osas.domain.inventory import Inventory
@@ -34,8 +32,6 @@ logger = structlog.get_logger(__name__)
 LogFormat = Literal["json", "console"]
 _QUIET_LIBRARIES = ("keystoneauth", "keystoneauth1", "openstack", "urllib3", "stevedore")
 _FIRST_SYNC_MAX_BACKOFF = 30.0
-# The fake cloud served by `osas serve` turns BUILD servers ACTIVE after this long.
-_FAKE_BUILD_SECONDS = 5.0
 
 
 def configure_logging(level: str = "info", fmt: LogFormat = "json") -> None:
@@ -74,12 +70,6 @@ def configure_logging(level: str = "info", fmt: LogFormat = "json") -> None:
     # Their debug output carries request bodies and token fingerprints: never below WARNING.
     for name in _QUIET_LIBRARIES:
         logging.getLogger(name).setLevel(max(logging.WARNING, root.level))
-
-
-def build_cloud(config: OsasConfig) -> Cloud:
-    if config.cloud_backend == "fake":
-        return FakeCloud(FakeNova(build_seconds=_FAKE_BUILD_SECONDS))
-    return OpenStackCloud(config.openstack_settings())
 
 
 async def _guarded(name: str, run: Callable[[], Awaitable[None]]) -> None:

@@ -13,7 +13,8 @@ import anyio
 import structlog
 
 from osas import __version__
-from osas.app import App, build_cloud, configure_logging
+from osas.app import App, configure_logging
+from osas.backend import build_cloud
 from osas.check import check_cloud
 from osas.cloud.errors import CloudConfigurationError
 from osas.config import CONFIG_ENV, ConfigError, OsasConfig, load_config

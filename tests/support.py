@@ -18,7 +18,6 @@ import trustme
 import yaml
 
 from osas.app import App
-from osas.cloud.fake import FakeCloud, FakeNova, FakeServer
 from osas.cloud.openstack import OpenStackCloud
 from osas.cloud.openstack_settings import OpenStackAuth, OpenStackSettings
 from osas.cloud.port import Cloud
@@ -28,6 +27,8 @@ from osas.domain.limits import NodeInfo
 from osas.domain.servers import META_CLUSTER, META_GROUP, TAG_CLUSTER_PREFIX
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.sim import SimulatedOpenStack
+from osas.sim.cloud import FakeCloud
+from osas.sim.model import FakeNova, FakeServer
 
 CLUSTER = "testc"
 TAG = f"{TAG_CLUSTER_PREFIX}{CLUSTER}"

@@ -19,9 +19,10 @@ from support import (
     running,
 )
 
-from osas.cloud.fake import FakeCloud, FakeNova
 from osas.domain.servers import META_CLUSTER, META_GROUP, TAG_CLUSTER_PREFIX
 from osas.protocol import externalgrpc_pb2 as pb
+from osas.sim.cloud import FakeCloud
+from osas.sim.model import FakeNova
 
 NOT_FOUND = grpc.StatusCode.NOT_FOUND
 INVALID = grpc.StatusCode.INVALID_ARGUMENT

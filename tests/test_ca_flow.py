@@ -16,9 +16,10 @@ from support import (
     states,
 )
 
-from osas.cloud.fake import FakeCloud, FakeNova
 from osas.domain.servers import META_CLUSTER, META_GROUP, TAG_CLUSTER_PREFIX
 from osas.protocol import externalgrpc_pb2 as pb
+from osas.sim.cloud import FakeCloud
+from osas.sim.model import FakeNova
 
 RUNNING = pb.InstanceStatus.instanceRunning
 CREATING = pb.InstanceStatus.instanceCreating

@@ -15,10 +15,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support import config_data, read_events, write_config
 
 from osas import __version__
-from osas.cloud.fake import FakeNova
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.protocol import externalgrpc_pb2_grpc as pb_grpc
 from osas.sim import SimulatedOpenStack
+from osas.sim.model import FakeNova
 
 
 def test_version():

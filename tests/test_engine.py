@@ -8,11 +8,12 @@ import pytest
 from support import CLUSTER, Provider, eventually, make_config, nodes, provider_id, running
 
 from osas.cloud.errors import CloudUnavailable
-from osas.cloud.fake import FakeCloud, FakeNova
 from osas.domain.errors import NotReady
 from osas.domain.inventory import InstanceState
 from osas.domain.limits import NodeInfo
 from osas.domain.servers import META_CLUSTER, META_GROUP, TAG_CLUSTER_PREFIX
+from osas.sim.cloud import FakeCloud
+from osas.sim.model import FakeNova
 
 TAG = f"{TAG_CLUSTER_PREFIX}{CLUSTER}"
 

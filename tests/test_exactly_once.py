@@ -38,13 +38,13 @@ from support import (
     write_config,
 )
 
-from osas.cloud.fake import FakeNova
 from osas.cloud.openstack import OpenStackCloud
 from osas.cloud.openstack_settings import OpenStackSettings
 from osas.domain.ledger import IN_DOUBT_CODE
 from osas.domain.servers import META_REQUEST
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.sim import CLOUD_NAME, SimulatedOpenStack
+from osas.sim.model import FakeNova
 
 OUT_OF_RESOURCES, OTHER = 1, 99
 

@@ -35,10 +35,10 @@ from support import (
     ours,
 )
 
-from osas.cloud.fake import FakeNova
 from osas.demo.client import CaClient, connect
 from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST, TAG_CLUSTER_PREFIX
 from osas.sim import SimulatedOpenStack
+from osas.sim.model import FakeNova
 
 MAX_SIZE = 5
 API_TIMEOUT = 0.4

@@ -16,8 +16,9 @@ import structlog
 import trustme
 from support import Provider, make_config
 
-from osas.cloud.fake import FakeCloud, FakeNova
 from osas.demo.client import ClientTls, connect
+from osas.sim.cloud import FakeCloud
+from osas.sim.model import FakeNova
 
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 

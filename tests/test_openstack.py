@@ -33,7 +33,6 @@ from osas.cloud.errors import (
     QuotaExceeded,
     RequestRejected,
 )
-from osas.cloud.fake import FakeNova
 from osas.cloud.openstack import OpenStackCloud, _create_failure, _translate
 from osas.cloud.openstack_settings import OpenStackAuth, OpenStackSettings
 from osas.cloud.port import CreateServerRequest
@@ -47,6 +46,7 @@ from osas.domain.servers import (
 )
 from osas.domain.specs import BootVolume
 from osas.sim import SimulatedOpenStack
+from osas.sim.model import FakeNova
 
 TAG = f"{TAG_CLUSTER_PREFIX}{CLUSTER}"
 MARKS = OwnershipMarks(CLUSTER)

@@ -39,12 +39,13 @@ from hypothesis import strategies as st
 from support import CLUSTER, make_config, provider_id
 
 from osas.app import App
-from osas.cloud.fake import FakeCloud, FakeNova
 from osas.config import OsasConfig
 from osas.domain.servers import META_CLUSTER, META_GROUP, TAG_CLUSTER_PREFIX, Fault
 from osas.domain.template import LABEL_INSTANCE_TYPE
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.protocol import k8s_pb2 as k8s
+from osas.sim.cloud import FakeCloud
+from osas.sim.model import FakeNova
 
 OK = grpc.StatusCode.OK
 # Every answer a hostile request may get. INTERNAL and UNKNOWN are bugs (a crash, an unhandled

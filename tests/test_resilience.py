@@ -23,7 +23,6 @@ from support import (
     write_config,
 )
 
-from osas.cloud.fake import FakeNova
 from osas.cloud.openstack import OpenStackCloud
 from osas.config import load_config
 from osas.domain.inventory import Inventory
@@ -31,6 +30,7 @@ from osas.domain.servers import META_REQUEST, TAG_CLUSTER_PREFIX
 from osas.engine.queue import TaskQueue
 from osas.engine.reconciler import Reconciler
 from osas.sim import SimulatedOpenStack
+from osas.sim.model import FakeNova
 
 TAG = f"{TAG_CLUSTER_PREFIX}{CLUSTER}"
 

@@ -10,12 +10,13 @@ import pytest
 import structlog
 from support import Provider, ca_client, make_config
 
-from osas.app import build_cloud, configure_logging
+from osas.app import configure_logging
+from osas.backend import build_cloud
 from osas.cloud.errors import CloudError
-from osas.cloud.fake import FakeNova
 from osas.cloud.openstack import OpenStackCloud
 from osas.config import load_config
 from osas.sim import SimulatedOpenStack
+from osas.sim.model import FakeNova
 from osas.sim.server import APP_CREDENTIAL_SECRET, DEFAULT_PASSWORD
 
 

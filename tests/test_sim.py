@@ -27,7 +27,6 @@ import yaml
 from openstack.warnings import RemovedInSDK60Warning
 
 from osas.cloud.errors import CreateInDoubt, QuotaExceeded
-from osas.cloud.fake import FakeCloud, FakeNova
 from osas.cloud.port import CreateServerRequest
 from osas.sim import (
     APP_CREDENTIAL_ID,
@@ -36,6 +35,8 @@ from osas.sim import (
     SimulatedOpenStack,
     run_sim,
 )
+from osas.sim.cloud import FakeCloud
+from osas.sim.model import FakeNova
 from osas.sim.routing import timestamp
 
 TAG = "osas-cluster=prod"

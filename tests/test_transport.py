@@ -9,9 +9,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from support import Provider, ca_client, expect_status, make_certs, make_config, running
 
-from osas.cloud.fake import FakeCloud, FakeNova
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.protocol import externalgrpc_pb2_grpc as pb_grpc
+from osas.sim.cloud import FakeCloud
+from osas.sim.model import FakeNova
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

@@ -16,12 +16,13 @@ import anyio
 import trustme
 import yaml
 
-from osas.app import App, build_cloud
-from osas.cloud.fake import FakeNova
+from osas.app import App
+from osas.backend import build_cloud
 from osas.config import load_config
 from osas.demo.client import CaClient, ClientTls, connect
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.sim import SimulatedOpenStack
+from osas.sim.model import FakeNova
 
 GROUP = "workers"
 RUNNING = pb.InstanceStatus.instanceRunning

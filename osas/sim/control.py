@@ -30,7 +30,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from osas.cloud.fake import FakeNova, FakeServer, Faults, Quota
+from osas.sim.model import FakeNova, FakeServer, Faults, Quota
 from osas.sim.routing import HttpError, Request, Response, Router, timestamp
 
 _SEED_KEYS = frozenset({"name", "metadata", "tags", "status", "flavor", "count", "image"})

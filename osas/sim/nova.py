@@ -34,12 +34,11 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import urlencode
 
-from osas.cloud.errors import QuotaExceeded, RequestRejected
-from osas.cloud.fake import FakeKeypair, FakeNova, FakeServer, FakeServerGroup
 from osas.cloud.port import CreateServerRequest
 from osas.domain.servers import Flavor
 from osas.domain.specs import BootVolume
 from osas.sim.glance import Glance
+from osas.sim.model import FakeKeypair, FakeNova, FakeServer, FakeServerGroup, NovaRefusal
 from osas.sim.neutron import Neutron, mac_for
 from osas.sim.nova_schema import (
     CHANGES_BEFORE,
@@ -254,8 +253,8 @@ class Compute:
             servers = [s for s in servers if s.flavor_id == ref_id(flavor)]
         try:
             page = self.nova.page_of(servers, limit=limit, marker=request.last("marker"))
-        except RequestRejected as exc:
-            raise nova_error(400, str(exc)) from exc
+        except NovaRefusal as exc:
+            raise nova_error(exc.status, str(exc)) from exc
         render = self._server_body if detailed else self._server_brief
         body: dict[str, Any] = {"servers": [render(s, version, request.base_url) for s in page]}
         if page and len(page) == limit:
@@ -499,8 +498,8 @@ class Compute:
     def _metadata_call(self, call: Callable[[], Response]) -> Response:
         try:
             return call()
-        except RequestRejected as exc:
-            raise nova_error(exc.status_code or 400, str(exc)) from exc
+        except NovaRefusal as exc:
+            raise nova_error(exc.status, str(exc)) from exc
 
     def _metadata_of(self, server_id: str) -> FakeServer:
         """The server a metadata call names (not counted as a servers.get)."""
@@ -596,10 +595,8 @@ class Compute:
         )
         try:
             server = self.nova.create_server(create)
-        except QuotaExceeded as exc:
-            raise nova_error(403, str(exc)) from exc
-        except RequestRejected as exc:
-            raise nova_error(exc.status_code or 400, str(exc)) from exc
+        except NovaRefusal as exc:
+            raise nova_error(exc.status, str(exc)) from exc
         server.config_drive = spec.config_drive
         for entry in spec.networks if isinstance(spec.networks, list) else []:
             port = self.neutron.ports.get(str(entry.get("port")))

@@ -35,10 +35,10 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
 
-from osas.cloud.fake import FakeKeypair, FakeNova, FakeServerGroup
 from osas.sim.control import Control
 from osas.sim.glance import FakeImage, Glance
 from osas.sim.keystone import Identity, stable_id, unauthorized
+from osas.sim.model import FakeKeypair, FakeNova, FakeServerGroup
 from osas.sim.neutron import FakeNetwork, FakePort, FakeSecurityGroup, Neutron
 from osas.sim.nova import Compute
 from osas.sim.nova_schema import Microversion

@@ -27,12 +27,13 @@ from support import (
     write_config,
 )
 
-from osas.cloud.fake import FakeCloud, FakeNova
 from osas.cloud.openstack import OpenStackCloud
 from osas.config import load_config
 from osas.domain.inventory import Inventory
 from osas.domain.servers import META_CLUSTER, META_GROUP, OwnershipMarks, Server
 from osas.sim import SimulatedOpenStack
+from osas.sim.cloud import FakeCloud
+from osas.sim.model import FakeNova
 
 BIG = {
     "id": "big",

@@ -1,10 +1,11 @@
-"""An in-memory Nova and a ``Cloud`` over it, with hooks to inject the faults real clouds have.
+"""The simulator's model of Nova, in memory, with hooks to inject the faults real clouds have.
 
 ``FakeNova`` models what osas relies on from Nova: tags and metadata on servers, BUILD turning
 ACTIVE, ERROR servers with a fault, deletes that keep a server ACTIVE with task_state
 ``deleting`` for ``delete_seconds``, deleted servers kept for ``changes-since`` but stripped of
-their tags, quotas refused with Nova's own wording. ``FakeCloud`` is the port adapter tests and
-the demo run against; the simulated OpenStack serves the same model over HTTP.
+their tags, keypairs, server groups, quotas refused with Nova's own wording (``NovaRefusal``),
+paging. The simulated OpenStack serves it over HTTP (``osas.sim.server``), and
+``osas.sim.cloud.FakeCloud`` is an in-process ``Cloud`` over it for the engine's tests.
 
 ``Faults`` also reproduces what real Nova does under load: creates stored only after the client
 gave up (``create_stall``), the conductor's quota re-check that turns concurrent creates into
@@ -18,22 +19,17 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import random
 import re
 import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Concatenate, ParamSpec, TypeVar
 
-import anyio
-
-from osas.cloud.errors import CloudUnavailable, CreateInDoubt, QuotaExceeded, RequestRejected
-from osas.cloud.port import CreateServerRequest, Reference
+from osas.cloud.port import CreateServerRequest
 from osas.domain.servers import Fault, Flavor, ServerRecord
-from osas.domain.specs import NodeGroupSpec
 
 NO_VALID_HOST = "No valid host was found. There are not enough hosts available."
 GROUP_MEMBERS_EXCEEDED = "Quota exceeded, too many servers in group"
@@ -41,6 +37,16 @@ PORTS_EXCEEDED = "Maximum number of ports exceeded"  # Nova's PortLimitExceeded
 SCHEDULING = "scheduling"  # the task state of a new server, as Nova sets it at once
 # vm states (by status) in which Nova lets a server's metadata change, with no task running.
 _METADATA_STATES = {"ACTIVE", "PAUSED", "SUSPENDED", "SHUTOFF"}
+
+
+class NovaRefusal(Exception):
+    """Nova refused a request: the status and message its API answers with. The HTTP simulator
+    renders it in Nova's envelope; the in-process cloud translates it as an adapter would."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -407,7 +413,7 @@ class FakeNova:
         try:
             name_pattern = None if name is None else re.compile(name)
         except re.error as exc:
-            raise RequestRejected(f"Invalid regular expression for name: {exc}", 400) from exc
+            raise NovaRefusal(f"Invalid regular expression for name: {exc}", 400) from exc
         wanted = ServerFilter(
             tags=frozenset(tags),
             tags_any=frozenset(tags_any),
@@ -436,7 +442,7 @@ class FakeNova:
         if marker is not None:
             anchor = self._servers.get(marker)
             if anchor is None:
-                raise RequestRejected(f"marker [{marker}] not found", 400)
+                raise NovaRefusal(f"marker [{marker}] not found", 400)
             anchor_key = _listing_order(anchor)
             start = next(
                 (i for i, s in enumerate(servers) if _listing_order(s) < anchor_key), len(servers)
@@ -459,7 +465,7 @@ class FakeNova:
         self.calls["servers.create"] += 1
         flavor = self.find_flavor(request.flavor)
         if flavor is None:
-            raise RequestRejected(f"Flavor {request.flavor} could not be found.", 400)
+            raise NovaRefusal(f"Flavor {request.flavor} could not be found.", 400)
         self._check_quota(request, flavor)
         server = self._new_server(
             request.name,
@@ -489,18 +495,19 @@ class FakeNova:
         scheduling are not counted: Nova's API races past them, its conductor re-checks."""
         quota = self.quota
         if len(request.metadata) > quota.metadata_items:
-            raise RequestRejected(_metadata_limit_message(quota.metadata_items), 403)
+            raise NovaRefusal(_metadata_limit_message(quota.metadata_items), 403)
         if self.take_fault("ports_exceeded"):
             # Neutron's port quota, checked while Nova validates the networks, before its own.
-            raise QuotaExceeded(PORTS_EXCEEDED)
+            raise NovaRefusal(PORTS_EXCEEDED, 403)
         used = self._usage_of(s for s in self.live_servers() if not _scheduling(s))
         limits = self._quota_limits()
         instance_limit = limits["instances"]
         if self.take_fault("quota_exceeded"):
             limit = instance_limit if instance_limit is not None else used["instances"]
-            raise QuotaExceeded(
+            raise NovaRefusal(
                 f"Quota exceeded for instances: Requested 1, but already used "
-                f"{used['instances']} of {limit} instances"
+                f"{used['instances']} of {limit} instances",
+                403,
             )
         requested = _requested(flavor)
         overs = sorted(
@@ -509,13 +516,13 @@ class FakeNova:
             if limit is not None and used[resource] + requested[resource] > limit
         )
         if overs:
-            raise QuotaExceeded(_over_quota_message(overs, requested, used, limits))
+            raise NovaRefusal(_over_quota_message(overs, requested, used, limits), 403)
         if request.server_group is not None:
             members = sum(
                 1 for server in self.live_servers() if server.server_group == request.server_group
             )
             if members >= quota.server_group_members:
-                raise QuotaExceeded(GROUP_MEMBERS_EXCEEDED)
+                raise NovaRefusal(GROUP_MEMBERS_EXCEEDED, 403)
 
     @_locked
     def delete_server(self, server_id: str) -> bool:
@@ -539,12 +546,12 @@ class FakeNova:
         """Merge ``values`` into a server's metadata (or replace it all), as Nova's metadata API
         does: only in a stable state with no task running (409 otherwise), within the
         metadata_items quota (403). Setting bumps ``updated_at``; the merged metadata is
-        returned. RequestRejected carries Nova's status and message."""
+        returned. NovaRefusal carries Nova's status and message."""
         self.calls["servers.metadata.set"] += 1
         server = self._server_for_metadata(server_id, "update metadata")
         merged = dict(values) if replace else {**server.metadata, **values}
         if len(merged) > self.quota.metadata_items:
-            raise RequestRejected(_metadata_limit_message(self.quota.metadata_items), 403)
+            raise NovaRefusal(_metadata_limit_message(self.quota.metadata_items), 403)
         server.metadata = merged
         server.updated_at = self.clock()
         return dict(merged)
@@ -557,9 +564,9 @@ class FakeNova:
         self._advance()
         server = self._servers.get(server_id)
         if server is None or server.status == "DELETED":
-            raise RequestRejected(f"Instance {server_id} could not be found.", 404)
+            raise NovaRefusal(f"Instance {server_id} could not be found.", 404)
         if key not in server.metadata:
-            raise RequestRejected("Metadata item was not found", 404)
+            raise NovaRefusal("Metadata item was not found", 404)
         self._server_for_metadata(server_id, "delete metadata")
         del server.metadata[key]
 
@@ -567,14 +574,14 @@ class FakeNova:
         self._advance()
         server = self._servers.get(server_id)
         if server is None or server.status == "DELETED":
-            raise RequestRejected(f"Instance {server_id} could not be found.", 404)
+            raise NovaRefusal(f"Instance {server_id} could not be found.", 404)
         if server.status not in _METADATA_STATES:
             state = ("vm_state", _VM_STATES.get(server.status, server.status.lower()))
         elif server.task_state is not None:
             state = ("task_state", server.task_state)
         else:
             return server
-        raise RequestRejected(
+        raise NovaRefusal(
             f"Cannot '{action}' instance {server_id} while it is in {state[0]} {state[1]}", 409
         )
 
@@ -702,77 +709,3 @@ def _metadata_limit_message(allowed: int) -> str:
 def _listing_order(server: FakeServer) -> tuple[datetime, str]:
     """Nova's default sort key (created_at, then id); listings run from the largest down."""
     return server.created_at, server.server_id
-
-
-@dataclass
-class FakeCloud:
-    """The ``Cloud`` port over a ``FakeNova``, with latency and 5xx injected per call."""
-
-    nova: FakeNova = field(default_factory=FakeNova)
-    seed: int = 0
-    _random: random.Random = field(init=False)
-
-    def __post_init__(self) -> None:
-        self._random = random.Random(self.seed)  # noqa: S311 - fault injection, not security
-
-    async def _call(self) -> None:
-        faults = self.nova.faults
-        if faults.latency:
-            await anyio.sleep(faults.latency)
-        if faults.error_rate and self._random.random() < faults.error_rate:
-            raise CloudUnavailable("503 Service Unavailable (injected)")
-
-    async def list_servers(
-        self, tag: str, *, changes_since: datetime | None = None
-    ) -> list[ServerRecord]:
-        await self._call()
-        servers = self.nova.list_servers(tags=[tag], changes_since=changes_since)
-        return [server.record() for server in servers]
-
-    async def get_server(self, server_id: str) -> ServerRecord | None:
-        await self._call()
-        server = self.nova.get_server(server_id)
-        return None if server is None else server.record()
-
-    async def create_server(self, request: CreateServerRequest) -> ServerRecord:
-        await self._call()
-        stall = self.nova.faults.create_stall
-        if stall > 0:
-            await anyio.sleep(stall)  # a stalled Nova API worker: stored late all the same
-        nova = self.nova
-        with nova.lock:
-            server = nova.create_server(request)
-            record = server.record()
-            if nova.take_fault("dropped_create_connections"):
-                raise CreateInDoubt(
-                    "the connection dropped after the server was created (injected)"
-                )
-            if nova.take_fault("lost_create_responses"):
-                status = nova.faults.lost_create_status
-                raise CreateInDoubt(f"{status} after the server was created (injected)")
-        return record
-
-    async def delete_server(self, server_id: str) -> None:
-        await self._call()
-        self.nova.delete_server(server_id)
-
-    async def get_flavor(self, name_or_id: str) -> Flavor | None:
-        await self._call()
-        flavor = self.nova.find_flavor(name_or_id)
-        return None if flavor is None else replace(flavor)
-
-    async def resolve(self, spec: NodeGroupSpec) -> list[Reference]:
-        """Only flavors are modelled here; every other name is taken as found."""
-        await self._call()
-        flavor = self.nova.find_flavor(spec.flavor)
-        references = [Reference("flavor", spec.flavor, flavor.flavor_id if flavor else None)]
-        references.append(Reference("image", spec.image, spec.image))
-        references += [Reference("network", name, name) for name in spec.networks]
-        return references
-
-    async def verify(self) -> str:
-        await self._call()
-        return "in-memory fake cloud"
-
-    async def close(self) -> None:
-        return None

@@ -1,0 +1,109 @@
+"""``FakeCloud``: the ``Cloud`` port in process, over the simulator's ``FakeNova``, with latency
+and 5xx injected per call. For the engine's tests and ``cloud_backend: fake``; it translates the
+model's refusals into osas's cloud errors in one place, as the OpenStack adapter does Nova's."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+import anyio
+
+from osas.cloud.errors import (
+    CloudError,
+    CloudUnavailable,
+    CreateInDoubt,
+    QuotaExceeded,
+    RequestRejected,
+)
+from osas.cloud.port import CreateServerRequest, Reference
+from osas.domain.servers import Flavor, ServerRecord, is_quota_message
+from osas.domain.specs import NodeGroupSpec
+from osas.sim.model import FakeNova, NovaRefusal
+
+_QUOTA_STATUSES = (403, 413)
+
+
+def _translate(refusal: NovaRefusal) -> CloudError:
+    message = str(refusal)
+    if refusal.status in _QUOTA_STATUSES and is_quota_message(message):
+        return QuotaExceeded(message)
+    return RequestRejected(message, refusal.status)
+
+
+@dataclass
+class FakeCloud:
+    """The ``Cloud`` port over a ``FakeNova``, with latency and 5xx injected per call."""
+
+    nova: FakeNova = field(default_factory=FakeNova)
+    seed: int = 0
+    _random: random.Random = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._random = random.Random(self.seed)  # noqa: S311 - fault injection, not security
+
+    async def _call(self) -> None:
+        faults = self.nova.faults
+        if faults.latency:
+            await anyio.sleep(faults.latency)
+        if faults.error_rate and self._random.random() < faults.error_rate:
+            raise CloudUnavailable("503 Service Unavailable (injected)")
+
+    async def list_servers(
+        self, tag: str, *, changes_since: datetime | None = None
+    ) -> list[ServerRecord]:
+        await self._call()
+        servers = self.nova.list_servers(tags=[tag], changes_since=changes_since)
+        return [server.record() for server in servers]
+
+    async def get_server(self, server_id: str) -> ServerRecord | None:
+        await self._call()
+        server = self.nova.get_server(server_id)
+        return None if server is None else server.record()
+
+    async def create_server(self, request: CreateServerRequest) -> ServerRecord:
+        await self._call()
+        stall = self.nova.faults.create_stall
+        if stall > 0:
+            await anyio.sleep(stall)  # a stalled Nova API worker: stored late all the same
+        nova = self.nova
+        with nova.lock:
+            try:
+                server = nova.create_server(request)
+            except NovaRefusal as refusal:
+                raise _translate(refusal) from refusal
+            record = server.record()
+            if nova.take_fault("dropped_create_connections"):
+                raise CreateInDoubt(
+                    "the connection dropped after the server was created (injected)"
+                )
+            if nova.take_fault("lost_create_responses"):
+                status = nova.faults.lost_create_status
+                raise CreateInDoubt(f"{status} after the server was created (injected)")
+        return record
+
+    async def delete_server(self, server_id: str) -> None:
+        await self._call()
+        self.nova.delete_server(server_id)
+
+    async def get_flavor(self, name_or_id: str) -> Flavor | None:
+        await self._call()
+        flavor = self.nova.find_flavor(name_or_id)
+        return None if flavor is None else replace(flavor)
+
+    async def resolve(self, spec: NodeGroupSpec) -> list[Reference]:
+        """Only flavors are modelled here; every other name is taken as found."""
+        await self._call()
+        flavor = self.nova.find_flavor(spec.flavor)
+        references = [Reference("flavor", spec.flavor, flavor.flavor_id if flavor else None)]
+        references.append(Reference("image", spec.image, spec.image))
+        references += [Reference("network", name, name) for name in spec.networks]
+        return references
+
+    async def verify(self) -> str:
+        await self._call()
+        return "in-memory fake cloud"
+
+    async def close(self) -> None:
+        return None
