@@ -977,3 +977,17 @@ def test_run_sim_serves_until_stopped_and_writes_clouds_yaml(tmp_path, capsys, m
         stop.set()
         runner.join(timeout=10)
     assert not runner.is_alive()
+
+
+def test_flavor_listing_pages_like_nova():
+    """A full page of flavors links the next one, as Nova does (found by the real-Nova lane:
+    with pages of 3, openstacksdk's find_flavor missed the fourth flavor)."""
+    with SimulatedOpenStack(FakeNova(), max_limit=3) as sim:
+        conn = connect(sim)
+        try:
+            names = [flavor.name for flavor in conn.compute.flavors()]
+            assert sorted(names) == ["g1.xlarge", "m1.large", "m1.medium", "m1.small"]
+            assert sim.calls["compute.flavors.list"] == 2  # 3 + 1
+            assert conn.compute.find_flavor("m1.small", ignore_missing=False).name == "m1.small"
+        finally:
+            conn.close()

@@ -614,7 +614,12 @@ class Ledger:
         create.state = CreateState.FAILED
         create.error = error
         self._snapshot.touch(create.group_id)
-        steps.event(kind, create.group_id, request_id=create.request_id, detail=error.code)
+        steps.event(
+            kind,
+            create.group_id,
+            request_id=create.request_id,
+            detail=f"{error.code}: {error.message}",
+        )
 
     def _give_up(self, create: Create, now: float) -> None:
         """The create is no longer wanted: whatever server it makes from now on is an orphan."""

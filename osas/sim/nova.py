@@ -258,13 +258,7 @@ class Compute:
         render = self._server_body if detailed else self._server_brief
         body: dict[str, Any] = {"servers": [render(s, version, request.base_url) for s in page]}
         if page and len(page) == limit:
-            # Nova links the next page whenever a page is full, even if nothing follows.
-            params = [
-                (k, v) for k, values in request.query.items() if k != "marker" for v in values
-            ]
-            params.append(("marker", page[-1].server_id))
-            href = f"{request.base_url}{request.path.rstrip('/')}?{urlencode(params)}"
-            body["servers_links"] = [{"rel": "next", "href": href}]
+            body["servers_links"] = _next_page(request, page[-1].server_id)
         return Response.json(200, body)
 
     def _filters(self, request: Request, version: Microversion) -> dict[str, Any]:
@@ -732,6 +726,13 @@ class Compute:
             raise nova_error(400, "limit param must be an integer")
         return flavors[:limit]
 
+    def _flavor_page(self, request: Request, bodies: list[dict[str, Any]]) -> Response:
+        body: dict[str, Any] = {"flavors": bodies}
+        limit = parse_limit(request.last("limit"), default=self.max_limit, maximum=self.max_limit)
+        if bodies and len(bodies) == limit:
+            body["flavors_links"] = _next_page(request, str(bodies[-1]["id"]))
+        return Response.json(200, body)
+
     def _flavors_brief(self, request: Request, version: Microversion) -> Response:
         bodies = []
         for flavor in self._flavor_list(request):
@@ -743,14 +744,14 @@ class Compute:
             if version >= Microversion(2, 55):
                 body["description"] = None
             bodies.append(body)
-        return Response.json(200, {"flavors": bodies})
+        return self._flavor_page(request, bodies)
 
     def _flavors_detailed(self, request: Request, version: Microversion) -> Response:
         bodies = [
             self._flavor_body(flavor, version, request.base_url)
             for flavor in self._flavor_list(request)
         ]
-        return Response.json(200, {"flavors": bodies})
+        return self._flavor_page(request, bodies)
 
     def _flavor(self, request: Request, version: Microversion) -> Response:
         flavor = self._flavor_by_id(request.params["flavor_id"])
@@ -915,6 +916,16 @@ def _reason(status: int) -> str:
         return HTTPStatus(status).phrase
     except ValueError:
         return "Error"
+
+
+def _next_page(request: Request, marker: str) -> list[dict[str, str]]:
+    """The ``*_links`` of a full page: Nova links the next page whenever a page is full, even
+    if nothing follows; the link keeps the query and moves the marker."""
+    params = [(k, v) for k, values in request.query.items() if k != "marker" for v in values]
+    params.append(("marker", marker))
+    return [
+        {"rel": "next", "href": f"{request.base_url}{request.path.rstrip('/')}?{urlencode(params)}"}
+    ]
 
 
 def _power_state(status: str) -> int:

@@ -1,0 +1,175 @@
+"""The two clouds the scenario suite runs against: the simulated OpenStack (``osas sim``) and
+real Nova from the pinned ``nova`` wheel's functional fixtures (``nox -s nova``).
+
+osas reaches both exactly as it reaches a production cloud — a clouds.yaml entry, Keystone,
+the service catalog, version discovery — and the scenarios look at both through the same
+openstacksdk calls an operator would make. Only what cannot be done through the project's own
+API is done per cloud: quotas (an admin call in Nova, the control API in the simulator) and
+making Nova run out of hosts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+import openstack
+import openstack.connection
+from realnova import cloud as realnova
+
+from osas.cloud.openstack_settings import OpenStackSettings
+from osas.sim import CLOUD_NAME, SimulatedOpenStack
+from osas.sim.model import FakeNova
+
+PAGE = 3  # Nova's [api] max_limit in both clouds: every listing of more than 3 servers pages
+# Real Nova: BUILD to ACTIVE in about half a second, ACTIVE with task_state=deleting for 0.5-2 s.
+SIM_BUILD_SECONDS = 0.5
+SIM_DELETE_SECONDS = 1.0
+
+NOVA_AVAILABLE = importlib.util.find_spec("nova") is not None
+
+
+class ScenarioCloud(Protocol):
+    kind: str
+    clouds_yaml: Path
+    cloud_name: str
+    flavor: str  # fits a host
+    image: str
+    network: str
+
+    def set_instance_quota(self, instances: int | None) -> None:
+        """The project's instance quota; None: as it was."""
+
+    @contextmanager
+    def no_valid_host(self) -> Iterator[str]:
+        """A flavor whose creates end in ERROR "No valid host was found"."""
+
+
+def settings_for(cloud: ScenarioCloud, **overrides: Any) -> OpenStackSettings:
+    """osas's settings for a cloud: its clouds.yaml entry, fast retries."""
+    values: dict[str, Any] = {
+        "cloud": cloud.cloud_name,
+        "api_timeout": 10.0,
+        "backoff": 0.05,
+        "backoff_max": 0.5,
+        "rate_limit": 1000.0,
+    }
+    values.update(overrides)
+    return OpenStackSettings(**values)
+
+
+def connect(cloud: ScenarioCloud) -> openstack.connection.Connection:
+    """The operator's own openstacksdk connection to the project osas manages."""
+    return openstack.connect(cloud=cloud.cloud_name)
+
+
+def project_servers(conn: openstack.connection.Connection) -> list[dict[str, Any]]:
+    """Every server of the project, as the detail listing shows it (one request per page)."""
+    servers: dict[str, dict[str, Any]] = {}
+    url: str | None = "/servers/detail"
+    while url is not None:
+        body = conn.compute.get(url, microversion="2.52").json()
+        for server in body["servers"]:
+            servers[server["id"]] = server
+        url = next(
+            (link["href"] for link in body.get("servers_links", ()) if link.get("rel") == "next"),
+            None,
+        )
+    return list(servers.values())
+
+
+def delete_everything(conn: openstack.connection.Connection, timeout: float = 60.0) -> None:
+    """Leave the project empty for the next scenario."""
+    for server in project_servers(conn):
+        conn.compute.delete_server(server["id"], ignore_missing=True)
+    deadline = time.monotonic() + timeout
+    while project_servers(conn):
+        if time.monotonic() > deadline:
+            msg = "servers left behind after the scenario"
+            raise AssertionError(msg)
+        time.sleep(0.2)
+
+
+class SimCloud:
+    kind = "sim"
+    cloud_name = CLOUD_NAME
+    flavor = "m1.small"
+    image = "ubuntu-24.04"
+    network = "cluster-net"
+
+    def __init__(self, workdir: Path) -> None:
+        nova = FakeNova(build_seconds=SIM_BUILD_SECONDS, delete_seconds=SIM_DELETE_SECONDS)
+        self.sim = SimulatedOpenStack(nova, max_limit=PAGE)
+        self.clouds_yaml = workdir / "clouds.yaml"
+
+    def start(self) -> None:
+        self.sim.start()
+        self.sim.write_clouds_yaml(self.clouds_yaml)
+
+    def stop(self) -> None:
+        self.sim.stop()
+
+    def set_instance_quota(self, instances: int | None) -> None:
+        self.sim.nova.quota.instances = instances
+
+    @contextmanager
+    def no_valid_host(self) -> Iterator[str]:
+        self.sim.nova.faults.no_valid_host = 1000
+        try:
+            yield self.flavor
+        finally:
+            self.sim.nova.faults.no_valid_host = 0
+
+
+class NovaCloud:
+    """Real Nova in a child process (tests/realnova/cloud.py)."""
+
+    kind = "nova"
+    flavor = "m1.small"
+    network = "cluster-net"
+
+    def __init__(self, workdir: Path) -> None:
+        self.cloud_name = realnova.CLOUD
+        self.image = realnova.IMAGE_NAME
+        self._default_instances = realnova.DEFAULT_QUOTAS["instances"]
+        options = realnova.NovaOptions(hosts=2, max_limit=PAGE)
+        self.nova = realnova.RealNovaProcess(options, workdir=workdir)
+
+    @property
+    def clouds_yaml(self) -> Path:
+        return self.nova.clouds_yaml
+
+    def start(self) -> None:
+        self.nova.start()
+
+    def stop(self) -> None:
+        self.nova.stop()
+
+    def set_instance_quota(self, instances: int | None) -> None:
+        self.nova.set_quota(instances=self._default_instances if instances is None else instances)
+
+    @contextmanager
+    def no_valid_host(self) -> Iterator[str]:
+        # It asks Placement for a VGPU that no fake compute host has.
+        yield "g1.xlarge"
+
+
+@contextmanager
+def running_cloud(kind: str, workdir: Path) -> Iterator[ScenarioCloud]:
+    cloud: SimCloud | NovaCloud = SimCloud(workdir) if kind == "sim" else NovaCloud(workdir)
+    previous = os.environ.get("OS_CLIENT_CONFIG_FILE")
+    cloud.start()
+    os.environ["OS_CLIENT_CONFIG_FILE"] = str(cloud.clouds_yaml)
+    try:
+        yield cloud
+    finally:
+        if previous is None:
+            os.environ.pop("OS_CLIENT_CONFIG_FILE", None)
+        else:
+            os.environ["OS_CLIENT_CONFIG_FILE"] = previous
+        cloud.stop()
