@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
 import nox
 
 nox.options.default_venv_backend = "venv"
@@ -13,6 +19,19 @@ PROTO_TOOLS = ("grpcio-tools==1.85.1", "mypy-protobuf==5.1.0")
 # The real-Nova lane: nova 34.0.0 and everything its functional-test fixtures need, pinned
 # whole, so that a version bump is a deliberate change (docs/testing.md).
 REALNOVA_REQUIREMENTS = "tests/realnova/requirements.txt"
+# The chart lane: helm-python-sdk (Helm 4, offline) and kubernetes-validate, pinned whole.
+CHART_REQUIREMENTS = "requirements/chart.txt"
+# The image's hashed lock files, and the tool that writes them (requirements/README.md).
+LOCK_TOOL = "uv==0.13.8"
+# The image: where `nox -s image` tags it, and what it checks inside.
+IMAGE = os.environ.get("OSAS_IMAGE", "localhost/osas:dev")
+IMAGE_CHECK = """
+import importlib.util, os, sys
+present = [m for m in ("pip", "setuptools", "wheel", "ensurepip", "trustme", "pytest", "hypothesis")
+           if importlib.util.find_spec(m)]
+print("uid", os.getuid(), "python", sys.version.split()[0], "extra modules", present or "none")
+sys.exit(1 if present or os.getuid() == 0 else 0)
+"""
 
 
 @nox.session
@@ -58,9 +77,10 @@ def proto(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Latency, sync time and memory at scale (not part of the default sessions)."""
-    session.install("-e", ".[test]")
-    session.run("python", "tests/benchmark/run.py", *session.posargs)
+    """osas against the bare gRPC limit at scale; writes docs/BENCHMARKS.md (not a default
+    session: some 15 minutes on 2 cores, `-- --quick` for a couple)."""
+    session.install("-e", ".[bench]")
+    session.run("osas", "bench", *session.posargs)
 
 
 @nox.session
@@ -68,3 +88,142 @@ def demo(session: nox.Session) -> None:
     """A Cluster Autoscaler session against a simulated OpenStack."""
     session.install("-e", ".")
     session.run("osas", "demo", *session.posargs)
+
+
+@nox.session
+def chart(session: nox.Session) -> None:
+    """The Helm chart and deploy/: render, lint, validate against Kubernetes schemas (own venv)."""
+    session.install("-r", CHART_REQUIREMENTS, "-e", ".[test]")
+    session.run("pytest", "tests/chart", *session.posargs)
+
+
+@nox.session
+def manifests(session: nox.Session) -> None:
+    """Render deploy/base/osas.yaml from the chart (tests/chart checks it is up to date)."""
+    session.install("-r", CHART_REQUIREMENTS, "-e", ".")
+    session.run("python", "tests/chart/chartkit.py")
+
+
+@nox.session
+def lock(session: nox.Session) -> None:
+    """Regenerate requirements/osas.lock and build.lock (hashed, every platform, Python 3.11)."""
+    session.install(LOCK_TOOL)
+    common = ["--generate-hashes", "--universal", "--python-version", "3.11", "--quiet"]
+    session.run(
+        "uv",
+        "pip",
+        "compile",
+        "pyproject.toml",
+        *common,
+        "--no-emit-package",
+        "setuptools",
+        "--custom-compile-command",
+        "nox -s lock",
+        "-o",
+        "requirements/osas.lock",
+    )
+    session.run(
+        "uv",
+        "pip",
+        "compile",
+        "requirements/build.in",
+        *common,
+        "--custom-compile-command",
+        "nox -s lock",
+        "-o",
+        "requirements/build.lock",
+    )
+
+
+def _quiet(*command: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run one of the tools this file names (an engine, git), output captured, never raising."""
+    return subprocess.run(  # noqa: S603 - our own tools, arguments we build
+        command, capture_output=True, text=True, check=False, timeout=timeout
+    )
+
+
+def _engine() -> tuple[str, bool] | None:
+    """The container engine to build with, and whether it also runs containers for
+    testcontainers (a Docker-compatible API): buildah builds and runs in a chroot, daemonless."""
+    for name in ("docker", "podman"):
+        path = shutil.which(name)
+        if path and _quiet(path, "info", timeout=60).returncode == 0:
+            return path, name == "docker" or "DOCKER_HOST" in os.environ
+    path = shutil.which("buildah")
+    return (path, False) if path else None
+
+
+def _base_image(session: nox.Session) -> str:
+    if "OSAS_PYTHON_IMAGE" in os.environ:
+        return os.environ["OSAS_PYTHON_IMAGE"]
+    text = Path("Containerfile").read_text(encoding="utf-8")
+    match = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", text, re.MULTILINE)
+    if match is None:
+        session.error("Containerfile: no ARG PYTHON_IMAGE")
+    return match.group(1)
+
+
+@nox.session
+def image(session: nox.Session) -> None:
+    """Build the image (buildah, podman or docker) and check it: `osas --version` inside, no
+    installer or test library, not root; then the testcontainers test where containers run."""
+    found = _engine()
+    if found is None:
+        session.skip("no container engine (buildah, podman or docker with its daemon) here")
+    engine, runs_containers = found
+    tool = Path(engine).name
+    base = _base_image(session)
+    have = (engine, "image", "inspect", base) if tool == "docker" else (engine, "inspect", base)
+    if _quiet(*have).returncode != 0:
+        pulled = _quiet(engine, "pull", base)
+        if pulled.returncode != 0:
+            reason = (pulled.stderr.strip().splitlines() or ["no answer"])[-1]
+            session.skip(
+                f"the base image {base} cannot be had here ({reason}); set OSAS_PYTHON_IMAGE "
+                "to a copy of it in a registry or local store this machine reaches"
+            )
+    version = re.search(r'__version__ = "(.+)"', Path("osas/__init__.py").read_text())
+    if version is None:
+        session.error("osas/__init__.py: no __version__")
+    git = shutil.which("git")
+    commit = _quiet(git, "log", "-1", "--format=%H %cI").stdout.split() if git else []
+    revision, created = commit or ["unknown", "1970-01-01T00:00:00Z"]
+    build = [engine, "build", "-f", "Containerfile", "-t", IMAGE]
+    if tool == "buildah":
+        build += ["--isolation", "chroot", "--layers"]
+    for arg in (
+        f"PYTHON_IMAGE={base}",
+        f"VERSION={version.group(1)}",
+        f"REVISION={revision}",
+        f"CREATED={created}",
+    ):
+        build += ["--build-arg", arg]
+    session.run(*build, ".", external=True)
+    if tool == "buildah":
+        container = _quiet(engine, "from", IMAGE).stdout.strip()
+        try:
+            for command in (["osas", "--version"], ["python3", "-c", IMAGE_CHECK]):
+                session.run(
+                    engine,
+                    "run",
+                    "--isolation",
+                    "chroot",
+                    container,
+                    "--",
+                    *command,
+                    external=True,
+                )
+        finally:
+            _quiet(engine, "rm", container)
+        size = _quiet(engine, "images", "--format", "{{.Size}}", IMAGE).stdout.strip()
+    else:
+        run = (engine, "run", "--rm", "--read-only", "--entrypoint")
+        session.run(*run, "osas", IMAGE, "--version", external=True)
+        session.run(*run, "python3", IMAGE, "-c", IMAGE_CHECK, external=True)
+        size = _quiet(engine, "image", "ls", "--format", "{{.Size}}", IMAGE).stdout.strip()
+    session.log(f"built {IMAGE} from {base}: {size}")
+    if not runs_containers:
+        session.log("the testcontainers test needs a Docker-compatible engine: not run here")
+        return
+    session.install("-e", ".[test]", "testcontainers==4.15.0")
+    session.run("pytest", "-m", "container", "tests/test_container.py", env={"OSAS_IMAGE": IMAGE})

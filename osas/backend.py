@@ -4,6 +4,9 @@ simulator."""
 
 from __future__ import annotations
 
+from prometheus_client import CollectorRegistry
+
+from osas.cloud.metrics import CloudMetrics
 from osas.cloud.openstack import OpenStackCloud
 from osas.cloud.port import Cloud
 from osas.config import OsasConfig
@@ -14,7 +17,9 @@ from osas.sim.model import FakeNova
 FAKE_BUILD_SECONDS = 5.0
 
 
-def build_cloud(config: OsasConfig) -> Cloud:
+def build_cloud(config: OsasConfig, registry: CollectorRegistry | None = None) -> Cloud:
+    """The cloud; with a registry, OpenStack requests are counted in it (the app's)."""
     if config.cloud_backend == "fake":
         return FakeCloud(FakeNova(build_seconds=FAKE_BUILD_SECONDS))
-    return OpenStackCloud(config.openstack_settings())
+    metrics = CloudMetrics(registry) if registry is not None else None
+    return OpenStackCloud(config.openstack_settings(), metrics=metrics)

@@ -1,25 +1,66 @@
-"""``osas check-config``: the configuration validated, and every name it uses resolved in the
-cloud, before anything is deployed."""
+"""``osas check-config``: the configuration validated, its TLS files checked as a handshake would
+use them, and every name it uses resolved in the cloud, before anything is deployed.
+
+It checks everything it can and reports every problem, then exits with the code of the first
+check that failed, in this order: TLS files (4), user data (1), the cloud (3), names not found
+in it (1). An invalid configuration (2) stops it before any of them. ``osas serve`` uses the
+same codes."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import TextIO
 
 from osas.cloud.errors import CloudError
 from osas.cloud.port import Cloud, Reference
 from osas.config import OsasConfig
+from osas.engine.userdata import SecretFiles, UserDataError, build_user_data
+from osas.service.tls import CertificateError, inspect_files
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # check-config: names not found in the cloud, user data that cannot be built
+EXIT_CONFIG = 2
+EXIT_CLOUD = 3
+EXIT_TLS = 4
+
+
+def check_tls(config: OsasConfig, out: TextIO) -> int:
+    """The TLS files: readable, key matching the certificate, valid now (a warning within a
+    week of the end), covering ``tls.server_names``, a client CA that is a certificate."""
+    tls = config.server_settings().tls
+    if tls is None:
+        out.write("tls: off (insecure: true)\n\n")
+        return EXIT_OK
+    now = datetime.now(UTC)
+    try:
+        identity = inspect_files(tls, now)
+    except CertificateError as exc:
+        out.write(f"tls: PROBLEM: {exc}\n\n")
+        return EXIT_TLS
+    names = ", ".join(identity.names()) or "no names"
+    out.write(f"tls: ok: {tls.cert_file} names {names}, valid until {identity.not_after:%Y-%m-%d}")
+    if tls.server_names:
+        out.write(f", covers tls.server_names ({', '.join(tls.server_names)})\n")
+    else:
+        out.write("\ntls: note: set tls.server_names to the host of CA's address to check it\n")
+    warning = identity.expiry_warning(now)
+    if warning:
+        out.write(f"tls: WARNING: {warning}\n")
+    out.write("\n")
+    return EXIT_OK
 
 
 async def check_cloud(config: OsasConfig, cloud: Cloud, out: TextIO) -> int:
-    """Print one row per resource each node group names; 0 when all are found, else 1."""
+    """Print one row per resource each node group names; 0 when all are found, 1 when some are
+    not, 3 when the cloud cannot be used at all."""
     try:
         described = await cloud.verify()
         rows: list[tuple[str, Reference]] = []
         for spec in config.cluster_spec().node_groups:
             rows += [(spec.group_id, ref) for ref in await cloud.resolve(spec)]
     except CloudError as exc:
-        out.write(f"osas check-config: the cloud cannot be used: {exc}\n")
-        return 1
+        out.write(f"cloud: PROBLEM: the cloud cannot be used: {exc}\n")
+        return EXIT_CLOUD
     finally:
         await cloud.close()
     out.write(f"cloud: {described}\n\n")
@@ -34,4 +75,33 @@ async def check_cloud(config: OsasConfig, cloud: Cloud, out: TextIO) -> int:
         out.write("\n")
     missing = [ref for _, ref in rows if not ref.found]
     out.write(f"\n{len(missing)} problem(s)\n" if missing else "\nall resources found\n")
-    return 1 if missing else 0
+    return EXIT_FAILED if missing else EXIT_OK
+
+
+def check_user_data(config: OsasConfig, out: TextIO) -> int:
+    """Each group's user data built as for a create (files read, variables filled in, the size
+    checked); the content is never printed."""
+    files = SecretFiles()
+    problems = 0
+    for spec in config.cluster_spec().node_groups:
+        name = f"{config.cluster_name}-{spec.group_id}-check"
+        try:
+            text = build_user_data(spec, cluster_name=config.cluster_name, name=name, files=files)
+        except UserDataError as exc:
+            out.write(f"user data: PROBLEM: {exc}\n")
+            problems += 1
+            continue
+        if text is not None:
+            out.write(f"user data: ok: node group {spec.group_id!r}, {len(text.encode())} bytes\n")
+    out.write("\n")
+    return EXIT_FAILED if problems else EXIT_OK
+
+
+async def check_config(config: OsasConfig, cloud: Cloud, out: TextIO) -> int:
+    """Every check, every problem reported; the exit code of the first that failed."""
+    codes = [
+        check_tls(config, out),
+        check_user_data(config, out),
+        await check_cloud(config, cloud, out),
+    ]
+    return next((code for code in codes if code != EXIT_OK), EXIT_OK)

@@ -3,38 +3,113 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
 import structlog
+from prometheus_client import CollectorRegistry
 
 from osas import __version__
 from osas.app import App, configure_logging
 from osas.backend import build_cloud
-from osas.check import check_cloud
-from osas.cloud.errors import CloudConfigurationError
+from osas.check import EXIT_CLOUD, EXIT_CONFIG, EXIT_FAILED, EXIT_TLS, check_config
+from osas.cloud.errors import CloudError
 from osas.config import CONFIG_ENV, ConfigError, OsasConfig, load_config
 from osas.demo.session import main as run_demo
+from osas.engine.status import render_status
+from osas.service.ops_server import fetch_status
+from osas.service.server import BindError
+from osas.service.tls import CertificateError
 from osas.sim import run_sim
 
 logger = structlog.get_logger(__name__)
 
-EXIT_CONFIG = 2
-EXIT_CLOUD = 3
+EXIT_BIND = 5
+
+_EXIT_CODES = f"""\
+exit codes of serve and check-config:
+  0  ran and stopped cleanly (serve); everything checked out (check-config)
+  1  check-config: a name the configuration uses is not found in the cloud, or user data
+     cannot be built;
+     serve: an unexpected failure (a bug; the log holds its traceback as JSON)
+  {EXIT_CONFIG}  the configuration is invalid (file, key and reason are printed)
+  {EXIT_CLOUD}  the cloud cannot be used: credentials, endpoint, cloud name, clouds.yaml
+     missing, compute microversion
+  {EXIT_TLS}  the TLS files cannot serve: missing or unreadable, key and certificate do not
+     match, expired or not yet valid, tls.server_names not covered
+  {EXIT_BIND}  serve: cannot listen on listen, health_listen or metrics_listen (address in
+     use, not an address of this host)
+
+A startup failure prints one line "osas: ..." on stderr naming the cause and what to fix, after
+the JSON log events (one of them, "startup failed", carries the same reason), and no traceback.
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class StartupFailure:
+    """Why osas could not start, as the one line an operator reads and its exit code."""
+
+    cause: str
+    exit_code: int
+    message: str
+
+    def report(self) -> int:
+        logger.error(
+            "startup failed", cause=self.cause, reason=self.message, exit_code=self.exit_code
+        )
+        sys.stderr.write(f"osas: {self.message}\n")
+        return self.exit_code
+
+
+def _leaves(error: BaseException) -> Iterator[BaseException]:
+    """The exceptions inside (nested) exception groups, the task groups' wrapping removed."""
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield error
+
+
+def startup_failure(error: BaseException) -> StartupFailure | None:
+    """The failure an operator can act on, or None for anything else (a bug)."""
+    if isinstance(error, ConfigError):
+        problems = "; ".join(str(error).splitlines())
+        return StartupFailure("config", EXIT_CONFIG, f"configuration error: {problems}")
+    if isinstance(error, CloudError):
+        return StartupFailure("cloud", EXIT_CLOUD, f"the cloud cannot be used: {error}")
+    if isinstance(error, CertificateError):
+        return StartupFailure(
+            "tls",
+            EXIT_TLS,
+            f"the TLS files cannot serve: {error} (tls.cert_file, tls.key_file, "
+            "tls.client_ca_file: fix them or the Secret mounted there)",
+        )
+    if isinstance(error, BindError):
+        return StartupFailure("bind", EXIT_BIND, str(error))
+    return None
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="osas",
         description="OpenStack provider for the Kubernetes Cluster Autoscaler (externalgrpc).",
+        epilog=_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"osas {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    serve = commands.add_parser("serve", help="run the provider")
+    serve = commands.add_parser(
+        "serve",
+        help="run the provider",
+        epilog=_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     serve.add_argument(
         "--config",
         type=Path,
@@ -44,7 +119,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
     serve.add_argument("--log-format", default="json", choices=["json", "console"])
     check = commands.add_parser(
-        "check-config", help="validate the configuration and resolve its names in the cloud"
+        "check-config",
+        help="validate the configuration and its TLS files, and resolve its names in the cloud",
+        epilog=_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     check.add_argument("--config", type=Path, default=os.environ.get(CONFIG_ENV))
     sim = commands.add_parser("sim", help="serve a simulated OpenStack on 127.0.0.1")
@@ -61,13 +139,33 @@ def _parser() -> argparse.ArgumentParser:
         default=0.0,
         help="how long a deleted server stays ACTIVE with task_state 'deleting' (real Nova: 0.5-2)",
     )
+    status = commands.add_parser(
+        "status",
+        help="what a running osas is doing, read from /status on its metrics_listen",
+        epilog="exit codes: 0 ready, 1 not ready, 2 no address to ask (no --url, or no "
+        "metrics_listen in the configuration), 3 osas did not answer",
+    )
+    status.add_argument("--url", help="the metrics port, e.g. http://127.0.0.1:9090")
+    status.add_argument(
+        "--config",
+        type=Path,
+        default=os.environ.get(CONFIG_ENV),
+        help=f"or the configuration, to find metrics_listen in (default: ${CONFIG_ENV})",
+    )
+    status.add_argument("--json", action="store_true", help="print the /status document")
     commands.add_parser("demo", help="a Cluster Autoscaler session against a simulated cloud")
+    bench = commands.add_parser(
+        "bench", help="osas against the bare gRPC limit at 1k-50k servers (osas bench --help)"
+    )
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER, metavar="...")
     return parser
 
 
 async def _serve(config: OsasConfig) -> None:
-    # Built inside the event loop: grpc.aio binds its servers to the running loop.
-    app = App(config, build_cloud(config))
+    # Built inside the event loop: grpc.aio binds its servers to the running loop. One
+    # registry for the app and the cloud adapter: both record into it.
+    registry = CollectorRegistry()
+    app = App(config, build_cloud(config, registry), registry=registry)
     async with anyio.create_task_group() as group:
         group.start_soon(app.run)
 
@@ -83,41 +181,67 @@ async def _serve(config: OsasConfig) -> None:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, args.log_format)
-    config = _load(args.config, "serve")
-    if config is None:
-        return EXIT_CONFIG
-    status = 0
+    if args.config is None:
+        message = f"configuration error: give --config FILE or set {CONFIG_ENV}"
+        return StartupFailure("config", EXIT_CONFIG, message).report()
     try:
-        anyio.run(_serve, config)
-    except* CloudConfigurationError as refused:
-        for reason in refused.exceptions:
-            sys.stderr.write(f"osas: the cloud cannot be used as configured: {reason}\n")
-        status = EXIT_CLOUD
-    except* OSError as failed:
-        for error in failed.exceptions:
-            sys.stderr.write(f"osas: cannot start: {error}\n")
-        status = EXIT_CONFIG
-    return status
-
-
-def _load(path: Path | None, command: str) -> OsasConfig | None:
-    if path is None:
-        sys.stderr.write(f"osas {command}: give --config FILE or set {CONFIG_ENV}\n")
-        return None
-    try:
-        return load_config(path)
-    except ConfigError as exc:
-        sys.stderr.write(f"osas: configuration error:\n{exc}\n")
-        return None
+        anyio.run(_serve, load_config(args.config))
+    except BaseException as error:  # sorted below; interrupts are re-raised
+        failures = [startup_failure(leaf) for leaf in _leaves(error)]
+        known = [failure for failure in failures if failure is not None]
+        if known:
+            return known[0].report()
+        if isinstance(error, KeyboardInterrupt | SystemExit):
+            raise
+        logger.exception("osas failed")
+        causes = "; ".join(repr(leaf) for leaf in _leaves(error))
+        sys.stderr.write(f"osas: failed: {causes} (the log event 'osas failed' has the rest)\n")
+        return EXIT_FAILED
+    return 0
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
     configure_logging("warning", "console")
-    config = _load(args.config, "check-config")
-    if config is None:
+    if args.config is None:
+        sys.stderr.write(f"osas check-config: give --config FILE or set {CONFIG_ENV}\n")
         return EXIT_CONFIG
-    cloud = build_cloud(config)
-    return anyio.run(check_cloud, config, cloud, sys.stdout)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        sys.stderr.write(f"osas check-config: configuration error:\n{exc}\n")
+        return EXIT_CONFIG
+    return anyio.run(check_config, config, build_cloud(config), sys.stdout)
+
+
+def status_url(metrics_listen: str) -> str:
+    """Where this host reaches a metrics_listen address."""
+    host, _, port = metrics_listen.rpartition(":")
+    local = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]", "": "127.0.0.1"}  # noqa: S104 - not a bind
+    return f"http://{local.get(host, host)}:{port}"
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    url = args.url
+    if url is None:
+        if args.config is None:
+            sys.stderr.write(f"osas status: give --url URL, --config FILE or set {CONFIG_ENV}\n")
+            return EXIT_CONFIG
+        try:
+            config = load_config(args.config)
+        except ConfigError as exc:
+            sys.stderr.write(f"osas status: configuration error:\n{exc}\n")
+            return EXIT_CONFIG
+        if config.metrics_listen is None:
+            sys.stderr.write(f"osas status: {args.config} sets no metrics_listen; give --url\n")
+            return EXIT_CONFIG
+        url = status_url(config.metrics_listen)
+    try:
+        status = fetch_status(url)
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(f"osas status: no answer from {url}/status: {exc}\n")
+        return EXIT_CLOUD
+    sys.stdout.write(json.dumps(status, indent=1) + "\n" if args.json else render_status(status))
+    return 0 if status.get("ready") else 1
 
 
 def _cmd_sim(args: argparse.Namespace) -> int:
@@ -127,13 +251,22 @@ def _cmd_sim(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["bench"]:
+        # Its options are its own; imported here, so that its dependencies stay out of every
+        # other command's start.
+        from osas.bench.run import main as run_bench  # noqa: PLC0415
+
+        return run_bench(arguments[1:])
+    args = _parser().parse_args(arguments)
     if args.command == "serve":
         return _cmd_serve(args)
     if args.command == "check-config":
         return _cmd_check(args)
     if args.command == "sim":
         return _cmd_sim(args)
+    if args.command == "status":
+        return _cmd_status(args)
     # The demo narrates on stdout; expected refusals (the quota step) need no log lines.
     configure_logging("error", "console")
     return run_demo()

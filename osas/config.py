@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import json
 import os
 import re
 from datetime import timedelta
@@ -57,6 +58,8 @@ _LABEL_KEY_RE = re.compile(
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 )
 _LABEL_VALUE_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+_DNS_LABEL = r"[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?"
+_DNS_NAME_RE = re.compile(rf"^(?=.{{1,253}}$){_DNS_LABEL}(\.{_DNS_LABEL})*$")
 _ADDRESS_RE = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[^\s:\[\]]+):(\d{1,5})$")
 # Nova caps user data at 65535 bytes once base64-encoded, and metadata items at 255 bytes.
 _USER_DATA_MAX = 65535
@@ -111,6 +114,17 @@ class TlsConfig(_Strict):
     client_ca_file: Path
     # Client identities allowed to call: "dns:NAME", "uri:URI" (SANs) or "cn:NAME".
     allowed_clients: list[Annotated[str, Field(pattern=r"^(dns|uri|cn):\S+$")]] = []
+    # The names CA dials (the host of its address): the server certificate must cover each,
+    # at start, in check-config and on every rotation.
+    server_names: list[str] = []
+
+    @field_validator("server_names")
+    @classmethod
+    def _names_or_addresses(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not _is_ip(name) and not _DNS_NAME_RE.fullmatch(name):
+                raise ValueError(f"{name!r} is neither a DNS name nor an IP address")
+        return names
 
 
 class TransportConfig(_Strict):
@@ -128,6 +142,18 @@ class TransportConfig(_Strict):
             keepalive_time=self.keepalive_time.total_seconds(),
             keepalive_timeout=self.keepalive_timeout.total_seconds(),
         )
+
+
+def _seconds(value: Any) -> Any:
+    return value.total_seconds() if isinstance(value, timedelta) else value
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _is_loopback(address: str) -> bool:
@@ -175,8 +201,8 @@ class OpenStackConfig(_Strict):
     verify: bool = True
     cacert: Path | None = None
     api_timeout: PositiveDuration = timedelta(seconds=30)
-    concurrency: int = Field(4, ge=1, le=32)
-    rate_limit: float = Field(20.0, gt=0, le=1000, description="calls per second")
+    concurrency: int = Field(10, ge=1, le=32)
+    rate_limit: float = Field(50.0, gt=0, le=1000, description="calls per second")
     attempts: int = Field(4, ge=1, le=10)
 
     def settings(self, backoff: timedelta) -> OpenStackSettings:
@@ -227,6 +253,10 @@ class ReconcileConfig(_Strict):
     # server of it is listed within this window it is reported failed. Longer than
     # openstack.api_timeout plus the longest Nova may take to store a server it was sent.
     create_doubt_window: PositiveDuration = timedelta(minutes=3)
+    # Servers in BUILD, or being deleted, longer than these are reported (logs, metrics,
+    # /status); osas never deletes them on its own.
+    stuck_build_after: PositiveDuration = timedelta(minutes=30)
+    stuck_delete_after: PositiveDuration = timedelta(minutes=10)
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
@@ -239,7 +269,7 @@ class ReconcileConfig(_Strict):
 
 class QueueConfig(_Strict):
     capacity: int = Field(1000, ge=1, le=100_000)
-    workers: int = Field(4, ge=1, le=64)
+    workers: int = Field(10, ge=1, le=64)
 
 
 class TaintConfig(_Strict):
@@ -282,6 +312,11 @@ class NodeGroupConfig(_Strict):
     availability_zone: str | None = None
     server_group: str | None = None
     user_data: str | None = Field(None, repr=False)  # may hold bootstrap tokens
+    # Or the template in a file (a mounted Secret), read at each create; and variables whose
+    # values are files' contents: ${join_token} <- /etc/osas/bootstrap/token.
+    user_data_file: Path | None = None
+    user_data_vars: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], Path] = {}
+    user_data_format: Literal["text", "json"] = "text"
     boot_volume: BootVolumeConfig | None = None
     metadata: dict[str, str] = {}
     labels: dict[str, str] = {}
@@ -302,6 +337,7 @@ class NodeGroupConfig(_Strict):
                 raise ValueError(
                     f"user_data is {encoded} bytes base64-encoded; Nova accepts {_USER_DATA_MAX}"
                 )
+        self._check_user_data_sources()
         reserved = _RESERVED_METADATA & self.metadata.keys()
         if reserved:
             raise ValueError(f"metadata keys {sorted(reserved)} are osas's ownership marks")
@@ -312,6 +348,23 @@ class NodeGroupConfig(_Strict):
             if not _LABEL_KEY_RE.fullmatch(key) or not _LABEL_VALUE_RE.fullmatch(value):
                 raise ValueError(f"label {key!r}={value!r} is not a valid Kubernetes label")
         return self
+
+    def _check_user_data_sources(self) -> None:
+        if self.user_data is not None and self.user_data_file is not None:
+            raise ValueError("give either user_data or user_data_file, not both")
+        if self.user_data_vars and self.user_data is None and self.user_data_file is None:
+            raise ValueError("user_data_vars needs a template: user_data or user_data_file")
+        builtin = sorted(set(self.user_data_vars) & {"server_name", "node_group", "cluster_name"})
+        if builtin:
+            raise ValueError(f"user_data_vars {builtin} are filled in by osas itself")
+        if self.user_data_format == "json" and self.user_data is not None:
+            try:
+                json.loads(self.user_data)
+            except json.JSONDecodeError as exc:
+                raise ValueError(
+                    f"user_data is not JSON (user_data_format: json): {exc.msg} at line "
+                    f"{exc.lineno}, column {exc.colno}"
+                ) from None
 
     def spec(self) -> NodeGroupSpec:
         options = self.options
@@ -327,6 +380,9 @@ class NodeGroupConfig(_Strict):
             availability_zone=self.availability_zone,
             server_group=self.server_group,
             user_data=self.user_data,
+            user_data_file=str(self.user_data_file) if self.user_data_file else None,
+            user_data_vars={name: str(path) for name, path in self.user_data_vars.items()},
+            user_data_format=self.user_data_format,
             boot_volume=(
                 BootVolume(self.boot_volume.size, self.boot_volume.type)
                 if self.boot_volume
@@ -360,6 +416,8 @@ class OsasConfig(BaseSettings):
     cluster_name: Name
     listen: str = Field("0.0.0.0:8086", pattern=_ADDRESS_RE.pattern)
     health_listen: str = Field("0.0.0.0:8087", pattern=_ADDRESS_RE.pattern)
+    # Plain HTTP: /metrics, /healthz, /readyz, /status. Off unless set.
+    metrics_listen: str | None = Field(None, pattern=_ADDRESS_RE.pattern)
     tls: TlsConfig | None = None
     insecure: bool = False
     # Plaintext on an address other hosts can reach needs this second, explicit choice.
@@ -376,9 +434,11 @@ class OsasConfig(BaseSettings):
     shutdown_grace: Duration = timedelta(seconds=20)
     node_groups: list[NodeGroupConfig] = Field(min_length=1)
 
-    @field_validator("listen", "health_listen")
+    @field_validator("listen", "health_listen", "metrics_listen")
     @classmethod
-    def _port_in_range(cls, value: str) -> str:
+    def _port_in_range(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
         port = int(value.rpartition(":")[2])
         if port > _PORT_MAX:
             raise ValueError(f"{value!r}: port {port} is above {_PORT_MAX}")
@@ -407,6 +467,10 @@ class OsasConfig(BaseSettings):
             )
         if self.listen == self.health_listen and not self.listen.endswith(":0"):
             raise ValueError("listen and health_listen must differ")
+        if self.metrics_listen in {self.listen, self.health_listen} and not str(
+            self.metrics_listen
+        ).endswith(":0"):
+            raise ValueError("metrics_listen must differ from listen and health_listen")
         seen: set[str] = set()
         for group in self.node_groups:
             if group.id in seen:
@@ -432,6 +496,8 @@ class OsasConfig(BaseSettings):
             full_resync_interval=self.reconcile.full_resync_interval.total_seconds(),
             max_inventory_age=self.reconcile.max_inventory_age.total_seconds(),
             retry_backoff=self.reconcile.retry_backoff.total_seconds(),
+            stuck_build_after=self.reconcile.stuck_build_after.total_seconds(),
+            stuck_delete_after=self.reconcile.stuck_delete_after.total_seconds(),
         )
 
     def ledger_settings(self) -> LedgerSettings:
@@ -443,17 +509,82 @@ class OsasConfig(BaseSettings):
     def openstack_settings(self) -> OpenStackSettings:
         return self.openstack.settings(self.reconcile.retry_backoff)
 
+    def summary(self) -> dict[str, Any]:
+        """The effective settings an operator needs to tell what runs, for one log event at
+        start. Built key by key, never dumped, so that no secret or user data can slip in."""
+        tls = self.tls
+        openstack = self.openstack
+        auth = openstack.auth
+        if auth is not None:
+            cloud: dict[str, Any] = {
+                "auth_type": (
+                    "v3applicationcredential" if auth.application_credential_id else "password"
+                ),
+                "auth_url": auth.auth_url,
+                "username": auth.username,
+                "project": auth.project_name or auth.project_id,
+                "application_credential_id": auth.application_credential_id,
+            }
+        else:
+            cloud = {"cloud": openstack.cloud or "(OS_CLOUD or the OS_* variables)"}
+        cloud.update(
+            region_name=openstack.region_name,
+            interface=openstack.interface,
+            verify=openstack.verify,
+            api_timeout=openstack.api_timeout.total_seconds(),
+            concurrency=openstack.concurrency,
+            rate_limit=openstack.rate_limit,
+            attempts=openstack.attempts,
+        )
+        reconcile = self.reconcile
+        return {
+            "cluster_name": self.cluster_name,
+            "listen": self.listen,
+            "health_listen": self.health_listen,
+            "metrics_listen": self.metrics_listen,
+            "tls": (
+                {
+                    "cert_file": str(tls.cert_file),
+                    "key_file": str(tls.key_file),
+                    "client_ca_file": str(tls.client_ca_file),
+                    "server_names": list(tls.server_names),
+                    "allowed_clients": list(tls.allowed_clients),
+                }
+                if tls
+                else "off (insecure: true)"
+            ),
+            "cloud_backend": self.cloud_backend,
+            "openstack": {key: value for key, value in cloud.items() if value is not None},
+            "reconcile": {
+                name: _seconds(getattr(reconcile, name)) for name in type(reconcile).model_fields
+            },
+            "queue": {"capacity": self.queue.capacity, "workers": self.queue.workers},
+            "shutdown_grace": self.shutdown_grace.total_seconds(),
+            "node_groups": [
+                {
+                    "id": group.id,
+                    "min_size": group.min_size,
+                    "max_size": group.max_size,
+                    "flavor": group.flavor,
+                    "image": group.image,
+                }
+                for group in self.node_groups
+            ],
+        }
+
     def server_settings(self) -> ServerSettings:
         tls = self.tls
         return ServerSettings(
             listen=self.listen,
             health_listen=self.health_listen,
+            metrics_listen=self.metrics_listen,
             tls=(
                 TlsFiles(
                     tls.cert_file,
                     tls.key_file,
                     tls.client_ca_file,
                     allowed_clients=tuple(tls.allowed_clients),
+                    server_names=tuple(tls.server_names),
                 )
                 if tls
                 else None
@@ -485,7 +616,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        raise ConfigError(f"{path}: {_yaml_problem(exc)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -495,6 +626,33 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         # YAML reads `on:` as True and `1:` as 1; quote such keys to mean the words.
         raise ConfigError(f"{path}: {odd[0]!r}: keys must be strings (quote them)")
     return data
+
+
+# What kind of mistake each YAML error class means, in words that quote nothing of the file.
+_YAML_PROBLEMS: tuple[tuple[type[yaml.YAMLError], str], ...] = (
+    (yaml.scanner.ScannerError, "a token cannot be read (an unclosed quote, a tab, a stray ':')"),
+    (yaml.parser.ParserError, "the structure does not parse (indentation, a missing ':' or '-')"),
+    (yaml.composer.ComposerError, "an alias or document does not fit"),
+    (yaml.constructor.ConstructorError, "a value cannot be built (an unknown tag)"),
+    (yaml.reader.ReaderError, "a character YAML does not allow"),
+)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """Where the YAML breaks and what kind of mistake it is. Never yaml's own message: it
+    quotes the offending line, which may be the one holding a password."""
+    kind = next((text for cls, text in _YAML_PROBLEMS if isinstance(exc, cls)), "")
+    problem = getattr(exc, "problem_mark", None)
+    context = getattr(exc, "context_mark", None)
+    where = f" at {_position(problem)}" if problem else ""
+    if context and (not problem or context.line != problem.line):
+        # An unclosed quote is noticed where the file ends; where it opened is the useful part.
+        where += f" (in what starts at {_position(context)})"
+    return f"not valid YAML{where}" + (f": {kind}" if kind else "")
+
+
+def _position(mark: yaml.Mark) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}"
 
 
 def _where(loc: tuple[int | str, ...], data: dict[str, Any]) -> str:

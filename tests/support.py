@@ -6,8 +6,9 @@ import asyncio
 import contextlib
 import json
 import subprocess
+import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import grpc
 import pytest
 import trustme
 import yaml
+from prometheus_client import CollectorRegistry
 
 from osas.app import App
 from osas.cloud.openstack import OpenStackCloud
@@ -122,10 +124,12 @@ def make_certs(tmp_path: Path) -> Certs:
 class Provider:
     """An osas App running in the test's event loop, served on 127.0.0.1."""
 
-    def __init__(self, config: OsasConfig, cloud: Cloud) -> None:
+    def __init__(
+        self, config: OsasConfig, cloud: Cloud, registry: CollectorRegistry | None = None
+    ) -> None:
         self.config = config
         self.cloud = cloud
-        self.app = App(config, cloud)
+        self.app = App(config, cloud, registry=registry)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self, *, wait_serving: bool = True) -> None:
@@ -345,3 +349,26 @@ def read_events(
             return events
     msg = f"no {until!r} event; got {[e['event'] for e in events]}"
     raise AssertionError(msg)
+
+
+@contextlib.contextmanager
+def osas_serve(
+    config: Path | str, *args: str, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[str]]:
+    """``osas serve`` as an operator runs it: a process of its own, JSON events on stderr;
+    killed if still running when the block ends."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "osas", "serve", "--config", str(config), *args],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        assert process.stderr is not None
+        process.stderr.close()

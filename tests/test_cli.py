@@ -12,7 +12,7 @@ import grpc
 import openstack
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from support import config_data, read_events, write_config
+from support import config_data, osas_serve, read_events, write_config
 
 from osas import __version__
 from osas.protocol import externalgrpc_pb2 as pb
@@ -30,13 +30,7 @@ def test_version():
 
 def test_serve_answers_then_stops_gracefully_on_sigterm(tmp_path):
     config = write_config(tmp_path, config_data())
-    process = subprocess.Popen(
-        [sys.executable, "-m", "osas", "serve", "--config", str(config)],
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
+    with osas_serve(str(config)) as process:
         events = read_events(process, "health SERVING", time.monotonic() + 20)
         listening = next(e for e in events if e["event"] == "grpc listening")
         assert any(
@@ -56,12 +50,6 @@ def test_serve_answers_then_stops_gracefully_on_sigterm(tmp_path):
         events = read_events(process, "grpc stopped", time.monotonic() + 20)
         assert events[0]["event"] == "signal received"
         assert process.wait(timeout=20) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        assert process.stderr is not None
-        process.stderr.close()
 
 
 def test_serve_refuses_a_bad_config_without_starting(tmp_path):
@@ -93,6 +81,9 @@ def test_demo_runs_to_completion():
         assert f"[{step}/7]" in out
     assert "errorCode=QuotaExceeded class=1" in out
     assert "servers left in Nova: 1" in out
+    assert "osas status --url http://127.0.0.1:" in out  # read over HTTP from metrics_listen
+    assert "GROUP" in out
+    assert "failures CA sees: none" in out
     assert "address: osas.kube-system.svc:8086" in out
 
 

@@ -557,7 +557,12 @@ def test_file_that_is_not_yaml(tmp_path):
     path = tmp_path / "osas.yaml"
     path.write_text("cluster_name: [unclosed\n", encoding="utf-8")
     lines = problems(path)
-    assert lines[0].startswith(f"{path}: not valid YAML: ")
+    assert lines == [
+        (
+            f"{path}: not valid YAML at line 2, column 1 (in what starts at line 1, column 15): "
+            "the structure does not parse (indentation, a missing ':' or '-')"
+        )
+    ]
 
 
 @pytest.mark.parametrize(
@@ -751,7 +756,7 @@ def test_engine_settings_defaults(tmp_path):
     data = config_data()
     del data["reconcile"], data["queue"]
     settings = load(tmp_path, data).engine_settings()
-    assert (settings.queue_capacity, settings.workers) == (1000, 4)
+    assert (settings.queue_capacity, settings.workers) == (1000, 10)
     assert settings.reconcile_interval == 10.0
     assert settings.full_resync_interval == 300.0
     assert settings.max_inventory_age == 180.0

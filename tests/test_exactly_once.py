@@ -13,9 +13,9 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
@@ -32,6 +32,7 @@ from support import (
     eventually,
     expect_status,
     kept,
+    osas_serve,
     ours,
     read_events,
     seed_ours,
@@ -362,21 +363,7 @@ def test_sigterm_sends_every_accepted_delete_and_exits_within_its_grace(tmp_path
         clouds = tmp_path / "clouds.yaml"
         sim.write_clouds_yaml(clouds)
         env = {**os.environ, "OS_CLIENT_CONFIG_FILE": str(clouds)}
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "osas",
-                "serve",
-                "--config",
-                str(serve_config(tmp_path, sim, grace)),
-            ],
-            stderr=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            text=True,
-            env=env,
-        )
-        try:
+        with osas_serve(serve_config(tmp_path, sim, grace), env=env) as process:
             events = read_events(process, "health SERVING", time.monotonic() + 30)
             port = next(e for e in events if e["event"] == "grpc listening")["port"]
             sim.nova.faults.latency = 0.05
@@ -387,12 +374,6 @@ def test_sigterm_sends_every_accepted_delete_and_exits_within_its_grace(tmp_path
             process.wait(timeout=grace + 10)
             took = time.monotonic() - started
             events = [*events, *read_events_until_eof(process)]
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-            assert process.stderr is not None
-            process.stderr.close()
         deleted = {s.server_id for s in sim.nova.all_servers() if s.deleting_since is not None}
         assert deleted == doomed  # no accepted delete lost
         assert took < grace + 1.0, f"exit took {took:.1f}s, grace {grace}s"
@@ -411,5 +392,47 @@ async def scale(address: str, doomed: set[str]) -> None:
 
 
 def read_events_until_eof(process: subprocess.Popen[str]) -> list[dict]:
+    """Every line osas wrote on stderr after the signal: each one a JSON event."""
     assert process.stderr is not None
-    return [json.loads(line) for line in process.stderr.read().splitlines() if line.strip()]
+    events = []
+    for line in process.stderr.read().splitlines():
+        if line.strip():
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                pytest.fail(f"not a JSON log line on stderr: {line!r}")
+    return events
+
+
+async def test_a_complete_listing_that_misses_servers_takes_nothing_away(tmp_path):
+    """Real Nova's paged listings can miss a server while builds are in flight (found by the
+    real-Nova lane). A complete listing that leaves servers out must not shrink the target (CA
+    would ask for one too many) nor give up a create whose server it missed (its server would
+    be deleted as an orphan): a GET confirms every absence first."""
+    with SimulatedOpenStack(FakeNova(build_seconds=0.1), max_limit=3) as sim:
+        # Servers of an earlier osas, untouched for an hour: only the complete listing sees them.
+        sim.nova.clock = lambda: datetime.now(UTC) - timedelta(hours=1)
+        seed_ours(sim.nova, 6, group="big")
+        sim.nova.clock = lambda: datetime.now(UTC)
+        provider = Provider(big_config(tmp_path), cloud_for(sim))
+        await provider.start()
+        try:
+            async with ca_client(provider.address) as ca:
+                assert await ca.target_size("big") == 6
+                await ca.increase("big", 1)  # a create answered, perhaps missed by a listing
+                await eventually(lambda: len(ours(sim)) == 7, timeout=10, what="seven servers")
+                for _ in range(3):
+                    sim.nova.faults.skipped_servers = 3  # three pages each miss a server
+                    await provider.sync(full=True)
+                    assert sim.nova.faults.skipped_servers == 0  # the listings did miss some
+                    assert await ca.target_size("big") == 7
+                    assert len(kept(await ca.nodes("big"))) == 7
+                assert sim.calls["compute.servers.delete"] == 0
+                assert len(ours(sim)) == 7
+                # A server really deleted behind osas's back still goes.
+                sim.nova.delete_server(ours(sim)[0].server_id)
+                await eventually(lambda: len(ours(sim)) == 6, timeout=10, what="deleted")
+                await provider.sync(full=True)
+                assert await ca.target_size("big") == 6
+        finally:
+            await provider.stop()

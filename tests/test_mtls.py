@@ -14,6 +14,7 @@ import grpc
 import pytest
 import structlog
 import trustme
+from prometheus_client import generate_latest
 from support import Provider, make_config
 
 from osas.demo.client import ClientTls, connect
@@ -121,7 +122,7 @@ async def test_allow_list_admits_listed_identities_only(tmp_path, pki):
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await node_groups(address(provider), stranger)
         assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
-        refusal = next(e for e in logs if e["event"] == "client refused: not in allowed_clients")
+        refusal = next(e for e in logs if e["event"] == "rpc" and e["code"] == "PERMISSION_DENIED")
         assert "dns:intruder.example" in refusal["client"]
         assert provider.nova.calls["servers.create"] == 0
     finally:
@@ -218,5 +219,51 @@ async def test_a_go_grpc_client_drives_osas_over_mtls(tmp_path, pki):
         await call("NodeGroupIncreaseSize", {"id": "workers", "delta": 2})
         size = await call("NodeGroupTargetSize", {"id": "workers"})
         assert size["targetSize"] == 2
+    finally:
+        await provider.stop()
+
+
+async def test_rotation_to_an_expired_certificate_is_refused_and_the_old_one_serves(tmp_path, pki):
+    provider = await start(tmp_path, pki)
+    try:
+        yesterday = dt.datetime.now(dt.UTC) - dt.timedelta(days=1)
+        expired = pki.authority.issue_cert(
+            "localhost",
+            "127.0.0.1",
+            not_before=yesterday - dt.timedelta(days=90),
+            not_after=yesterday,
+        )
+        with structlog.testing.capture_logs() as logs:
+            pki.write(pki.authority, expired)
+            # The client checks the certificate's dates: these handshakes succeed only
+            # because the old certificate is still the one presented.
+            assert await node_groups(address(provider), pki.client())
+            assert await node_groups(address(provider), pki.client())
+        refused = [e for e in logs if e["event"].startswith("new TLS files refused")]
+        assert len(refused) == 1  # checked at each handshake, logged once
+        assert "expired on" in refused[0]["reason"]
+        assert provider.app.server.certificates.rejected_reloads == 1
+        scraped = generate_latest(provider.app.registry).decode()  # what /metrics serves
+        assert "osas_tls_reloads_rejected_total 1.0" in scraped.splitlines()
+    finally:
+        await provider.stop()
+
+
+async def test_rotation_to_a_certificate_without_the_server_names_is_refused(tmp_path, pki):
+    provider = await start(tmp_path, pki, server_names=["localhost", "127.0.0.1"])
+    try:
+        with structlog.testing.capture_logs() as logs:
+            pki.write(pki.authority, pki.authority.issue_cert("elsewhere.example"))
+            # Dialled as localhost: the refused certificate would fail the name check.
+            assert await node_groups(address(provider), pki.client())
+        refused = [e for e in logs if e["event"].startswith("new TLS files refused")]
+        assert "does not cover localhost, 127.0.0.1" in refused[0]["reason"]
+        assert provider.app.server.certificates.rejected_reloads == 1
+
+        with structlog.testing.capture_logs() as logs:
+            pki.write(pki.authority, pki.authority.issue_cert("localhost", "127.0.0.1"))
+            assert await node_groups(address(provider), pki.client())
+        assert any(e["event"] == "TLS certificates reloaded" for e in logs)  # a good set is taken
+        assert provider.app.server.certificates.rejected_reloads == 1
     finally:
         await provider.stop()

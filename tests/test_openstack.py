@@ -154,8 +154,20 @@ async def test_error_shapes_map_to_their_classes(sim, cloud):
 
 
 async def test_pinned_low_microversion_is_refused(sim, tmp_path, monkeypatch):
-    monkeypatch.setenv("OS_COMPUTE_API_VERSION", "2.1")
-    adapter = OpenStackCloud(settings_for(sim))
+    # Through the OS_* variables: an auth block in osas's configuration ignores them.
+    password = sim.clouds_yaml_entry()["auth"]
+    for name, value in {
+        "OS_AUTH_URL": password["auth_url"],
+        "OS_USERNAME": password["username"],
+        "OS_PASSWORD": password["password"],
+        "OS_PROJECT_NAME": password["project_name"],
+        "OS_USER_DOMAIN_NAME": password["user_domain_name"],
+        "OS_PROJECT_DOMAIN_NAME": password["project_domain_name"],
+        "OS_COMPUTE_API_VERSION": "2.1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("OS_CLOUD", raising=False)
+    adapter = OpenStackCloud(OpenStackSettings(backoff=0.01, backoff_max=0.05))
     try:
         with pytest.raises(CloudConfigurationError, match=r"pinned to 2\.1"):
             await adapter.verify()

@@ -151,10 +151,11 @@ async def test_idle_nova_traffic_does_not_grow_with_the_cluster(tmp_path):
             sim.nova.clock = lambda: datetime.now(UTC)
             calls[size] = await idle_minutes(sim, tmp_path, 10)
     small, large = calls[1_000], calls[20_000]
-    # 58 incremental listings of one page each, and 2 complete listings of 2 or 21 pages (a
-    # full page of 1000 always links a next one, as Nova does, which here is empty).
-    assert small["compute.servers.list"] == 58 + 2 * 2
-    assert large["compute.servers.list"] == 58 + 2 * 21
+    # 58 incremental listings of one page each, and 2 complete listings: ids only, 2 or 21
+    # pages (a full page of 1000 always links a next one, as Nova does, which here is empty),
+    # plus one changes-since page of details.
+    assert small["compute.servers.list"] == 58 + 2 * (2 + 1)
+    assert large["compute.servers.list"] == 58 + 2 * (21 + 1)
     # Nothing else depends on the size of the cluster.
     small.pop("compute.servers.list")
     large.pop("compute.servers.list")

@@ -1,9 +1,11 @@
 """OpenStackCloud: the cloud port over openstacksdk. The only module that imports it.
 
 openstacksdk is synchronous. Every call runs in a daemon thread (creates and other calls in
-separate pools of ``concurrency`` threads, so slow creates never hold up listings and deletes),
-with a connection of its own taken from a small pool (whether one connection may be shared by
-threads is not documented). Idempotent calls are retried with jittered exponential backoff on
+separate pools of ``concurrency`` threads, so slow creates never hold up listings and deletes).
+All threads share one connection, so one Keystone token and one discovery cache: keystoneauth
+re-authenticates under a lock (``BaseIdentityPlugin.get_access``), requests' connection pool is
+thread-safe, and openstacksdk itself runs one connection's calls in a thread pool. Names are
+resolved once for all callers. Idempotent calls are retried with jittered exponential backoff on
 5xx, connection errors and timeouts. A create is sent exactly once: Nova has no idempotency key,
 so it is POSTed with keystoneauth's own connect and status-code retries off, whatever
 clouds.yaml says, and its failures are told apart: ``CreateNotSent`` when the request provably
@@ -14,10 +16,16 @@ Every openstacksdk and keystoneauth error is translated into ``osas.cloud.errors
 
 from __future__ import annotations
 
+import asyncio
 import base64
-import queue
+import functools
+import json
+import logging
+import re
+import threading
+import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, TypeVar
@@ -25,6 +33,7 @@ from typing import Any, TypeVar
 import anyio
 import keystoneauth1.exceptions as ks_exceptions
 import openstack
+import openstack.config.loader as sdk_config_loader
 import openstack.connection
 import openstack.exceptions as sdk_exceptions
 import openstack.warnings as sdk_warnings
@@ -34,6 +43,7 @@ import urllib3.exceptions
 from aiolimiter import AsyncLimiter
 from cachetools import TTLCache
 from keystoneauth1 import discover
+from keystoneauth1 import session as ks_session
 from openstack import utils as sdk_utils
 from tenacity import (
     AsyncRetrying,
@@ -51,6 +61,7 @@ from osas.cloud.errors import (
     QuotaExceeded,
     RequestRejected,
 )
+from osas.cloud.metrics import CloudMetrics
 from osas.cloud.openstack_settings import MIN_COMPUTE_MICROVERSION, OpenStackSettings
 from osas.cloud.port import CreateServerRequest, Reference
 from osas.cloud.threads import DaemonThreads
@@ -66,6 +77,7 @@ _HTTP_SERVER_ERROR = 500
 _HTTP_UNAUTHORIZED = 401
 _HTTP_FORBIDDEN = 403
 _HTTP_TOO_LARGE = 413
+_HTTP_TOO_MANY_REQUESTS = 429  # a rate limit in front of Nova: the request was not processed
 _CLOSE_TIMEOUT = 5.0
 
 
@@ -82,7 +94,7 @@ def _translate_http(exc: sdk_exceptions.HttpException, secrets: tuple[str, ...])
     text = f"{message} {details}".lower()
     if status in {_HTTP_FORBIDDEN, _HTTP_TOO_LARGE} and is_quota_message(text):
         return QuotaExceeded(details)
-    if status is not None and status >= _HTTP_SERVER_ERROR:
+    if status is not None and (status >= _HTTP_SERVER_ERROR or status == _HTTP_TOO_MANY_REQUESTS):
         return CloudUnavailable(f"HTTP {status}: {details}")
     if status == _HTTP_UNAUTHORIZED:
         return CloudConfigurationError(f"OpenStack refused the credentials: {message}")
@@ -154,7 +166,9 @@ def _create_failure(exc: Exception, secrets: tuple[str, ...]) -> CloudError:
         if not isinstance(error, CloudUnavailable):
             return error
     message = _scrub(str(exc) or type(exc).__name__, secrets)
-    if _never_sent(exc):
+    if _never_sent(exc) or (
+        isinstance(exc, sdk_exceptions.HttpException) and exc.status_code == _HTTP_TOO_MANY_REQUESTS
+    ):
         return CreateNotSent(message)
     return CreateInDoubt(message)
 
@@ -174,8 +188,9 @@ def _record_from_body(body: dict[str, Any]) -> ServerRecord:
         server_id=str(body["id"]),
         name=str(body.get("name") or ""),
         status=str(body.get("status") or "").upper(),
-        metadata={str(k): str(v) for k, v in (body.get("metadata") or {}).items()},
-        tags=frozenset(str(tag) for tag in body.get("tags") or ()),
+        # Nova's metadata and tags are strings already.
+        metadata=dict(body.get("metadata") or {}),
+        tags=frozenset(body.get("tags") or ()),
         task_state=body.get("OS-EXT-STS:task_state"),
         fault=_fault(fault),
         created=str(body.get("created") or ""),
@@ -187,6 +202,32 @@ def _next_page(body: dict[str, Any]) -> str | None:
         if link.get("rel") == "next":
             return str(link["href"])
     return None
+
+
+# Where a page's links begin. Nova writes them after the servers, and nothing inside a server
+# can match: only top-level keys are followed by a list, metadata values are strings.
+_LINKS = re.compile(rb'"servers_links"\s*:\s*\[')
+
+
+def _next_page_early(content: bytes) -> str | None:
+    """The next page's link read from the end of a page without parsing its servers, so that
+    the next page is on its way while this one is parsed. A guess: the parsed page has the
+    last word (see ``list_server_pages``)."""
+    found = None
+    for found in _LINKS.finditer(content, max(0, len(content) - 4096)):  # noqa: B007
+        pass
+    if found is None:
+        return None
+    try:
+        links, _ = json.JSONDecoder().raw_decode(content[found.end() - 1 :].decode())
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return _next_page({"servers_links": links}) if isinstance(links, list) else None
+
+
+def _cancel(pending: Awaitable[object] | None) -> None:
+    if isinstance(pending, asyncio.Future):
+        pending.cancel()
 
 
 def _record(server: Any) -> ServerRecord:
@@ -215,37 +256,80 @@ def _flavor(flavor: Any) -> Flavor:
     )
 
 
+class _NoFileContent(logging.Filter):
+    """openstacksdk logs a clouds.yaml it cannot parse with yaml's message, which quotes the
+    offending line: possibly the password. The record keeps the file's name only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("Skipping config file") and record.args:
+            record.args = (next(iter(record.args)), "not valid YAML or JSON")
+        return True
+
+
+_HIDE_FILE_CONTENT = _NoFileContent()
+
+
+# The service each metered operation talks to; the rest are Nova's.
+_SERVICE_OF_OPERATION = {
+    "find_image": "image",
+    "find_network": "network",
+    "find_security_group": "network",
+}
+
+
+def _service_of(operation_name: str) -> str:
+    return _SERVICE_OF_OPERATION.get(operation_name, "compute")
+
+
+def _operation_name(operation: Callable[..., Any]) -> str:
+    """The port method a call is made for (``get_server`` for the ``get`` it defines)."""
+    qualname = getattr(operation, "__qualname__", "call")
+    return qualname.split(".<locals>.")[0].rpartition(".")[2].lstrip("_")
+
+
 class OpenStackCloud:
     def __init__(
         self,
         settings: OpenStackSettings,
         *,
         connect: Callable[[], openstack.connection.Connection] | None = None,
+        metrics: CloudMetrics | None = None,
     ) -> None:
         # openstacksdk warns about its own internals on ordinary calls; those are its
         # maintainers' business, not an operator's (the filter is process-wide by nature).
         warnings.filterwarnings("ignore", category=sdk_warnings.OpenStackDeprecationWarning)
         warnings.filterwarnings("ignore", category=sdk_warnings.RemovedInSDK50Warning)
         warnings.filterwarnings("ignore", category=sdk_warnings.RemovedInSDK60Warning)
+        logging.getLogger("openstack.config").addFilter(_HIDE_FILE_CONTENT)  # once: same object
         self._settings = settings
         self._secrets = settings.auth.secrets() if settings.auth else ()
         self._connect = connect or self._default_connect
-        self._pool: queue.SimpleQueue[openstack.connection.Connection] = queue.SimpleQueue()
-        self._connections: list[openstack.connection.Connection] = []
+        self._shared: openstack.connection.Connection | None = None
+        self._shared_lock = threading.Lock()
         self._threads = DaemonThreads(settings.concurrency, "osas-openstack")
         self._create_threads = DaemonThreads(settings.concurrency, "osas-openstack-create")
         self._rate = AsyncLimiter(settings.rate_limit, 1.0)
         self._resolved: TTLCache[tuple[str, str], str | None] = TTLCache(
             maxsize=1024, ttl=settings.resolve_ttl
         )
+        self._resolving: dict[tuple[str, str], asyncio.Future[str | None]] = {}
+        self._metrics = metrics
 
     # -- plumbing ---------------------------------------------------------------------------------
 
+    @property
+    def _source(self) -> str:
+        """Where the credentials come from, in the words an operator fixes them by."""
+        settings = self._settings
+        if settings.auth is not None:
+            return "openstack.auth in osas's configuration"
+        if settings.cloud:
+            return f"the clouds.yaml entry {settings.cloud!r} (openstack.cloud)"
+        return "OS_CLOUD or the OS_* variables"
+
     def _default_connect(self) -> openstack.connection.Connection:
         settings = self._settings
-        options: dict[str, Any] = {"app_name": "osas", "api_timeout": settings.api_timeout}
-        if settings.cloud:
-            options["cloud"] = settings.cloud
+        options: dict[str, Any] = {"api_timeout": settings.api_timeout}
         if settings.auth is not None:
             options["auth"] = settings.auth.as_sdk_auth()
             options["auth_type"] = settings.auth.auth_type
@@ -257,19 +341,68 @@ class OpenStackCloud:
             options["cacert"] = str(settings.cacert)
         if not settings.verify:
             options["verify"] = False
-        return openstack.connect(**options)
+        # An auth block stands alone: openstacksdk would otherwise merge it with whatever
+        # clouds.yaml or OS_* variables it finds (a password next to an application
+        # credential, a pinned microversion), and take a lone clouds.yaml entry as default.
+        standalone = settings.auth is not None
+        try:
+            loader = sdk_config_loader.OpenStackConfig(
+                app_name="osas", load_yaml_config=not standalone, load_envvars=not standalone
+            )
+        except sdk_exceptions.ConfigException as exc:
+            raise CloudConfigurationError(f"{exc}: fix {self._source}") from None
+        try:
+            region = loader.get_one(cloud=settings.cloud, **options)
+        except sdk_exceptions.ConfigException as exc:
+            if settings.cloud and loader.config_filename is None:
+                folders = ", ".join(dict.fromkeys(sdk_config_loader.CONFIG_SEARCH_PATH))
+                raise CloudConfigurationError(
+                    f"no clouds.yaml to find openstack.cloud {settings.cloud!r} in (looked at "
+                    f"OS_CLIENT_CONFIG_FILE and in {folders}; a file that does not parse is "
+                    "skipped): put clouds.yaml in one of those folders or name it in "
+                    "OS_CLIENT_CONFIG_FILE"
+                ) from None
+            if settings.cloud and settings.cloud not in loader.get_cloud_names():
+                raise CloudConfigurationError(
+                    f"{loader.config_filename} has no cloud {settings.cloud!r} (it has "
+                    f"{', '.join(sorted(loader.get_cloud_names())) or 'none'}): fix "
+                    "openstack.cloud or the file"
+                ) from None
+            raise CloudConfigurationError(f"{exc}: fix {self._source}") from None
+        return openstack.connection.Connection(config=region)
+
+    def _new_connection(self) -> openstack.connection.Connection:
+        """Building a connection does no I/O, so whatever fails here (openstacksdk answers an
+        auth block its plugin does not take with a TypeError) is the configuration's fault and
+        fails the same way every time: never an outage to retry."""
+        try:
+            return self._connect()
+        except CloudError:
+            raise
+        except Exception as exc:
+            message = _scrub(str(exc) or type(exc).__name__, self._secrets)
+            raise CloudConfigurationError(
+                f"openstacksdk cannot build a connection ({type(exc).__name__}: {message}): "
+                f"fix {self._source}"
+            ) from exc
 
     @contextmanager
     def _connection(self) -> Iterator[openstack.connection.Connection]:
-        try:
-            conn = self._pool.get_nowait()
-        except queue.Empty:
-            conn = self._connect()
-            self._connections.append(conn)
-        try:
-            yield conn
-        finally:
-            self._pool.put(conn)
+        """The connection every thread shares (see the module's docstring), made on first use."""
+        conn = self._shared
+        if conn is None:
+            with self._shared_lock:
+                conn = self._shared
+                if conn is None:
+                    conn = self._new_connection()
+                    # requests keeps 10 connections per host; every thread may hold one.
+                    adapter = ks_session.TCPKeepAliveAdapter(
+                        pool_maxsize=2 * self._settings.concurrency + 2
+                    )
+                    for scheme in ("http://", "https://"):
+                        conn.session.session.mount(scheme, adapter)
+                    self._shared = conn
+        yield conn
 
     async def _once(
         self,
@@ -277,8 +410,12 @@ class OpenStackCloud:
         *,
         failure: Callable[[Exception, tuple[str, ...]], CloudError] = _translate,
         threads: DaemonThreads | None = None,
+        rated: bool = True,
+        operation_name: str | None = None,
     ) -> T:
-        """One call in a worker thread; every failure leaves as a CloudError."""
+        """One call in a worker thread; every failure leaves as a CloudError. ``rated``: it
+        sends a request to OpenStack, so it waits its turn under the rate limit, and is
+        counted in the metrics (under ``operation_name``, by default the port method's)."""
         secrets = self._secrets
 
         def run() -> T:
@@ -288,10 +425,28 @@ class OpenStackCloud:
             except Exception as exc:
                 raise failure(exc, secrets) from exc
 
-        async with self._rate:
+        if not rated:
             return await (threads or self._threads).run(run)
+        async with self._rate:
+            if self._metrics is None:
+                return await (threads or self._threads).run(run)
+            name = operation_name or _operation_name(operation)
+            begun = time.perf_counter()
+            try:
+                result = await (threads or self._threads).run(run)
+            except CloudError as exc:
+                self._metrics.observe(_service_of(name), name, exc, time.perf_counter() - begun)
+                raise
+            self._metrics.observe(_service_of(name), name, None, time.perf_counter() - begun)
+            return result
 
-    async def _call(self, operation: Callable[[openstack.connection.Connection], T]) -> T:
+    async def _call(
+        self,
+        operation: Callable[[openstack.connection.Connection], T],
+        *,
+        rated: bool = True,
+        operation_name: str | None = None,
+    ) -> T:
         """An idempotent call, retried on transient failures."""
         settings = self._settings
         retrying = AsyncRetrying(
@@ -304,12 +459,28 @@ class OpenStackCloud:
         )
         async for attempt in retrying:
             with attempt:
-                return await self._once(operation)
+                return await self._once(operation, rated=rated, operation_name=operation_name)
         raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
     # -- the port ---------------------------------------------------------------------------------
 
     async def verify(self) -> str:
+        try:
+            return await self._verify()
+        except CloudConfigurationError as exc:
+            cause = exc.__cause__
+            refused = isinstance(cause, ks_exceptions.Unauthorized) or (
+                isinstance(cause, sdk_exceptions.HttpException)
+                and cause.status_code == _HTTP_UNAUTHORIZED
+            )
+            if not refused:
+                raise
+            raise CloudConfigurationError(
+                f"{exc}: check the user, password, project or application credential in "
+                f"{self._source}"
+            ) from cause
+
+    async def _verify(self) -> str:
         def check(conn: openstack.connection.Connection) -> str:
             compute = conn.compute
             pinned = compute.default_microversion
@@ -333,28 +504,67 @@ class OpenStackCloud:
     async def list_servers(
         self, tag: str, *, changes_since: datetime | None = None
     ) -> list[ServerRecord]:
-        # No `limit`: Nova pages at its [api] max_limit and links the next page.
-        params: dict[str, str] | None = {"tags": tag}
-        if changes_since is not None and params is not None:
-            params["changes-since"] = changes_since.isoformat()
+        # Nova may show a server twice across pages while builds are in flight: keep one
+        # record per id (the later one, which is the newer view).
+        records: dict[str, ServerRecord] = {}
+        async for page in self.list_server_pages(tag, changes_since=changes_since):
+            records.update((record.server_id, record) for record in page)
+        return list(records.values())
 
-        def listing(conn: openstack.connection.Connection) -> list[ServerRecord]:
+    async def list_server_pages(
+        self, tag: str, *, changes_since: datetime | None = None
+    ) -> AsyncIterator[list[ServerRecord]]:
+        # No `limit`: Nova pages at its [api] max_limit and links the next page.
+        first: dict[str, str] = {"tags": tag}
+        if changes_since is not None:
+            first["changes-since"] = changes_since.isoformat()
+        microversion = await self._call(self._compute_microversion, rated=False)
+
+        def fetch(url: str, query: dict[str, str] | None) -> Awaitable[tuple[bytes, str | None]]:
+            def get(conn: openstack.connection.Connection) -> tuple[bytes, str | None]:
+                response = conn.compute.get(url, params=query, microversion=microversion)
+                sdk_exceptions.raise_from_response(response)
+                return response.content, _next_page_early(response.content)
+
+            # Each page retried on its own; the next link carries the query.
+            return asyncio.ensure_future(self._call(get))
+
+        def parse(content: bytes) -> tuple[list[ServerRecord], str | None]:
+            try:
+                body = json.loads(content)
+                return [_record_from_body(s) for s in body.get("servers", ())], _next_page(body)
+            except Exception as exc:
+                raise _translate(exc, self._secrets) from exc
+
+        pending: Awaitable[tuple[bytes, str | None]] | None = fetch("/servers/detail", first)
+        try:
+            while pending is not None:
+                content, guessed = await pending
+                pending = fetch(guessed, None) if guessed else None
+                records, url = await self._threads.run(functools.partial(parse, content))
+                del content  # the caller may drop the page before the next one comes
+                if url != guessed:  # the guess was wrong: follow the page's own link
+                    _cancel(pending)
+                    pending = fetch(url, None) if url else None
+                yield records
+        finally:
+            _cancel(pending)
+
+    async def list_server_ids(self, tag: str) -> set[str]:
+        def listing(conn: openstack.connection.Connection) -> set[str]:
             compute = conn.compute
             microversion = self._compute_microversion(conn)
-            # Nova may show a server twice across pages while builds are in flight: keep one
-            # record per id (the later one, which is the newer view).
-            records: dict[str, ServerRecord] = {}
-            url: str | None = "/servers/detail"
-            query = params
+            ids: set[str] = set()
+            # Nova's brief form: id, name and links only, a fifth of the detail's bytes.
+            url: str | None = "/servers"
+            query: dict[str, str] | None = {"tags": tag}
             while url is not None:
                 response = compute.get(url, params=query, microversion=microversion)
                 sdk_exceptions.raise_from_response(response)
                 body = response.json()
-                for server in body.get("servers", ()):
-                    record = _record_from_body(server)
-                    records[record.server_id] = record
-                url, query = _next_page(body), None  # the next link carries the query
-            return list(records.values())
+                ids.update(str(server["id"]) for server in body.get("servers", ()))
+                url, query = _next_page(body), None
+            return ids
 
         return await self._call(listing)
 
@@ -391,10 +601,20 @@ class OpenStackCloud:
         return await self._call(get)
 
     async def _resolve_id(self, kind: str, name_or_id: str) -> str | None:
+        """A name's id, looked up once for all callers: a hundred creates asking at once for
+        the same flavor make one request."""
         key = (kind, name_or_id)
         if key in self._resolved:
             return self._resolved[key]
+        pending = self._resolving.get(key)
+        if pending is None:
+            pending = asyncio.ensure_future(self._look_up(kind, name_or_id))
+            self._resolving[key] = pending
+            pending.add_done_callback(lambda _: self._resolving.pop(key, None))
+        # Shielded: a caller that gives up does not cancel the look-up the others wait for.
+        return await asyncio.shield(pending)
 
+    async def _look_up(self, kind: str, name_or_id: str) -> str | None:
         def find(conn: openstack.connection.Connection) -> str | None:
             finders: dict[str, Callable[..., Any]] = {
                 "flavor": conn.compute.find_flavor,
@@ -407,9 +627,9 @@ class OpenStackCloud:
             found = finders[kind](name_or_id, ignore_missing=True)
             return None if found is None else str(found.id or found.name)
 
-        resource_id = await self._call(find)
+        resource_id = await self._call(find, operation_name=f"find_{kind.replace(' ', '_')}")
         if resource_id is not None:
-            self._resolved[key] = resource_id
+            self._resolved[kind, name_or_id] = resource_id
         return resource_id
 
     async def _require(self, kind: str, name_or_id: str) -> str:
@@ -433,7 +653,8 @@ class OpenStackCloud:
             return self._compute_microversion(conn)
 
         try:
-            microversion = await self._call(prepare)
+            # Not rated: the token, endpoint and microversion are cached after the first call.
+            microversion = await self._call(prepare, rated=False)
         except CloudUnavailable as exc:
             raise CreateNotSent(f"before sending the create: {exc}") from exc
 
@@ -515,13 +736,10 @@ class OpenStackCloud:
         return [Reference(kind, name, await self._resolve_id(kind, name)) for kind, name in wanted]
 
     async def close(self) -> None:
-        def close_all() -> None:
-            for conn in self._connections:
-                conn.close()
-
-        # In threads of its own: at shutdown the pools may all be stuck in calls.
-        with anyio.move_on_after(_CLOSE_TIMEOUT):
-            await DaemonThreads(1, "osas-openstack-close").run(close_all)
-        self._connections.clear()
+        conn, self._shared = self._shared, None
+        # In a thread of its own: at shutdown the pools may all be stuck in calls.
+        if conn is not None:
+            with anyio.move_on_after(_CLOSE_TIMEOUT):
+                await DaemonThreads(1, "osas-openstack-close").run(conn.close)
         self._threads.close()
         self._create_threads.close()

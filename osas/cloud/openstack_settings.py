@@ -59,10 +59,13 @@ class OpenStackSettings:
     verify: bool = True
     cacert: Path | None = None
     api_timeout: float = 30.0
-    # Concurrent openstacksdk calls (each in its own thread, with its own connection).
-    concurrency: int = 4
-    # openstacksdk operations per second, all threads together.
-    rate_limit: float = 20.0
+    # Concurrent openstacksdk calls, creates and other calls each (threads sharing one
+    # connection). 10 creates at once is what Cluster API's OpenStack provider sends by default.
+    concurrency: int = 10
+    # Requests to OpenStack per second, all threads together, in bursts of as many. Nova applies
+    # no rate limit of its own (its /limits answers "rate": []); lower this to what a proxy in
+    # front of the cloud allows (a 429 is retried with backoff; a create refused so, resent).
+    rate_limit: float = 50.0
     # Attempts for idempotent calls (list, get, delete) on 5xx, connection errors, timeouts.
     attempts: int = 4
     backoff: float = 0.5

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -51,6 +51,18 @@ class Cloud(Protocol):
         self, tag: str, *, changes_since: datetime | None = None
     ) -> list[ServerRecord]:
         """Servers carrying ``tag``; with ``changes_since``, only those updated since then."""
+        ...
+
+    def list_server_pages(
+        self, tag: str, *, changes_since: datetime | None = None
+    ) -> AsyncIterator[list[ServerRecord]]:
+        """The same listing page by page, as the cloud pages it: a caller that keeps only what
+        it needs of each page never holds the whole listing."""
+        ...
+
+    async def list_server_ids(self, tag: str) -> set[str]:
+        """Ids of the servers carrying ``tag``, without their details (Nova's brief listing):
+        enough to tell which servers are gone, at a fraction of the bytes."""
         ...
 
     async def get_server(self, server_id: str) -> ServerRecord | None:

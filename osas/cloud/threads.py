@@ -65,8 +65,14 @@ class DaemonThreads:
                 self._threads.append(thread)
 
     def _serve(self) -> None:
-        while (job := self._jobs.get()) is not None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
             job.run()
+            # An idle thread must not keep its last call, and so its result (a listing of
+            # 50,000 servers), alive until it gets another one.
+            job = None
 
     def close(self) -> None:
         """Let idle threads end; a thread still in a call ends when the call returns."""

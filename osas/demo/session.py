@@ -13,14 +13,17 @@ from pathlib import Path
 from typing import TextIO
 
 import anyio
-import trustme
 import yaml
+from prometheus_client import CollectorRegistry
 
 from osas.app import App
 from osas.backend import build_cloud
 from osas.config import load_config
+from osas.demo.certs import DemoAuthority
 from osas.demo.client import CaClient, ClientTls, connect
+from osas.engine.status import render_status
 from osas.protocol import externalgrpc_pb2 as pb
+from osas.service.ops_server import fetch_status
 from osas.sim import SimulatedOpenStack
 from osas.sim.model import FakeNova
 
@@ -36,11 +39,12 @@ LOOP_SECONDS = 0.5
 STEP_TIMEOUT = 60.0
 
 CA_CLOUD_CONFIG = """\
-# cluster-autoscaler --cloud-provider=externalgrpc --cloud-config=/etc/ca/cloud-config.yaml
+# The Helm chart renders this in the Secret osas-ca-cloud-config (docs/install.md); CA runs with
+# --cloud-provider=externalgrpc --cloud-config=/etc/osas-ca/config/cloud-config.yaml
 address: osas.kube-system.svc:8086   # a DNS name in osas's server certificate
-cert: /etc/ca/tls/tls.crt            # CA's client certificate, signed by osas's client_ca_file
-key: /etc/ca/tls/tls.key
-cacert: /etc/ca/tls/ca.crt           # the CA that signed osas's server certificate
+cert: /etc/osas-ca/tls/tls.crt       # CA's client certificate, signed by osas's client_ca_file
+key: /etc/osas-ca/tls/tls.key
+cacert: /etc/osas-ca/tls/ca.crt      # the CA that signed osas's server certificate
 grpc_timeout: 5s
 """
 
@@ -95,17 +99,13 @@ def in_state(state: int, count: int) -> Callable[[list[pb.Instance]], bool]:
 
 
 def write_certs(folder: Path) -> ClientTls:
-    authority = trustme.CA()
-    server = authority.issue_cert("localhost", "127.0.0.1")
-    client = authority.issue_cert("cluster-autoscaler.kube-system.svc")
-    (folder / "ca.crt").write_bytes(authority.cert_pem.bytes())
-    (folder / "tls.crt").write_bytes(b"".join(b.bytes() for b in server.cert_chain_pems))
-    (folder / "tls.key").write_bytes(server.private_key_pem.bytes())
-    return ClientTls(
-        ca_pem=authority.cert_pem.bytes(),
-        cert_pem=b"".join(b.bytes() for b in client.cert_chain_pems),
-        key_pem=client.private_key_pem.bytes(),
-    )
+    authority = DemoAuthority()
+    server = authority.issue("localhost", "127.0.0.1")
+    client = authority.issue("cluster-autoscaler.kube-system.svc")
+    (folder / "ca.crt").write_bytes(authority.cert_pem)
+    (folder / "tls.crt").write_bytes(server.cert_pem)
+    (folder / "tls.key").write_bytes(server.key_pem)
+    return ClientTls(ca_pem=authority.cert_pem, cert_pem=client.cert_pem, key_pem=client.key_pem)
 
 
 def write_osas_config(folder: Path) -> Path:
@@ -113,6 +113,7 @@ def write_osas_config(folder: Path) -> Path:
         "cluster_name": "demo",
         "listen": "127.0.0.1:0",
         "health_listen": "127.0.0.1:0",
+        "metrics_listen": "127.0.0.1:0",
         "tls": {
             "cert_file": str(folder / "tls.crt"),
             "key_file": str(folder / "tls.key"),
@@ -182,6 +183,16 @@ async def play(demo: Demo, ca: CaClient, sim: SimulatedOpenStack) -> None:
     demo.say(f"    servers left in Nova: {left}")
 
 
+async def show_status(demo: Demo, app: App) -> None:
+    """What an operator sees: ``osas status``, read over HTTP from the metrics port."""
+    assert app.ops is not None  # noqa: S101 - the demo's configuration sets metrics_listen
+    url = f"http://127.0.0.1:{app.ops.port}"
+    # In a thread: the event loop that serves /status must stay free to answer.
+    status = await anyio.to_thread.run_sync(fetch_status, url)
+    demo.say(f"osas status --url {url} (also /metrics, /healthz, /readyz there):")
+    demo.out.write("\n" + render_status(status) + "\n")
+
+
 async def run_demo(out: TextIO = sys.stdout) -> int:
     demo = Demo(out)
     out.write("osas demo: a Cluster Autoscaler session against a simulated OpenStack\n\n")
@@ -198,7 +209,8 @@ async def run_demo(out: TextIO = sys.stdout) -> int:
             tls = write_certs(folder)
             demo.say("[2/7] fresh certificates: a CA, osas's for localhost, one for CA")
             config = load_config(write_osas_config(folder))
-            app = App(config, build_cloud(config))
+            registry = CollectorRegistry()  # the app's and the cloud adapter's, as in serve
+            app = App(config, build_cloud(config, registry), registry=registry)
             async with anyio.create_task_group() as group:
                 group.start_soon(app.run)
                 with anyio.fail_after(STEP_TIMEOUT):
@@ -211,6 +223,7 @@ async def run_demo(out: TextIO = sys.stdout) -> int:
                 try:
                     async with connect(f"localhost:{port}", tls) as ca:
                         await play(demo, ca, sim)
+                    await show_status(demo, app)
                 finally:
                     app.stop()
             calls = ", ".join(f"{name} {count}" for name, count in sorted(sim.calls.items()))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from osas.domain.errors import InvalidRequest
 from osas.domain.limits import NodeInfo, check_node
@@ -42,16 +42,20 @@ class ProviderIdFormat:
     """
 
     region: str = ""
+    _prefix: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Parsed once per NodeGroupForNode call: built once.
+        object.__setattr__(self, "_prefix", f"{PROVIDER_ID_SCHEME}{self.region}/")
 
     def format(self, server_id: str) -> str:
-        return f"{PROVIDER_ID_SCHEME}{self.region}/{server_id}"
+        return f"{self._prefix}{server_id}"
 
     def parse(self, provider_id: str) -> str | None:
         """The server uuid in ``provider_id``, or None when it is not of this cluster's form."""
-        prefix = f"{PROVIDER_ID_SCHEME}{self.region}/"
-        if not provider_id.startswith(prefix):
+        if not provider_id.startswith(self._prefix):
             return None
-        server_id = provider_id.removeprefix(prefix)
+        server_id = provider_id.removeprefix(self._prefix)
         return server_id if is_server_uuid(server_id) else None
 
 

@@ -229,11 +229,16 @@ class Ledger:
         self._snapshot = snapshot
         self.settings = settings or LedgerSettings()
         self._creates: dict[str, Create] = {}
+        # The same creates per group (oldest first), so that a group's count is O(1).
+        self._creates_by_group: dict[str, dict[str, Create]] = {}
         self._by_server: dict[str, str] = {}  # server id -> request id, for CREATED creates
         self._given_up: dict[str, float] = {}  # request id -> when
         self._deleting: dict[str, _DeleteMark] = {}
         self._removed: dict[str, float] = {}  # instance id -> when
         self._own: set[str] = set()  # request ids this process made and kept the server of
+        # Request ids of servers that left the snapshot since the last complete listing: the
+        # only entries of _own that complete listing may have to forget.
+        self._own_unlisted: set[str] = set()
         self._above_max: set[str] = set()  # groups reported ABOVE_MAX_KEPT
         self._generation = 0
         self._first_sync_done = False
@@ -255,7 +260,7 @@ class Ledger:
 
     def creates_of(self, group_id: str) -> Iterator[Create]:
         """Creates in hand for a group, oldest first."""
-        return (c for c in self._creates.values() if c.group_id == group_id)
+        return iter(list(self._creates_by_group.get(group_id, {}).values()))
 
     def creates(self) -> Iterable[Create]:
         return self._creates.values()
@@ -284,17 +289,20 @@ class Ledger:
         )
 
     def target_size(self, group_id: str) -> int:
-        """Servers not being deleted, plus creates in hand (failed ones until CA removes them)."""
-        servers = sum(1 for s in self._snapshot.of_group(group_id) if not self.is_deleting(s))
-        return servers + sum(1 for _ in self.creates_of(group_id))
+        """Servers not being deleted, plus creates in hand (failed ones until CA removes them).
+        O(1): both are counted as they change."""
+        return self._snapshot.counted(group_id) + len(self._creates_by_group.get(group_id, ()))
 
     # -- intents ----------------------------------------------------------------------------------
 
     def accept_creates(self, group_id: str, count: int, now: float) -> tuple[str, ...]:
         """IncreaseSize: ``count`` new creates, queued; their request ids."""
         request_ids = tuple(uuid.uuid4().hex for _ in range(count))
+        group = self._creates_by_group.setdefault(group_id, {})
         for request_id in request_ids:
-            self._creates[request_id] = Create(request_id, group_id, now)
+            create = Create(request_id, group_id, now)
+            self._creates[request_id] = create
+            group[request_id] = create
         if request_ids:
             self._snapshot.touch(group_id)
         return request_ids
@@ -389,6 +397,8 @@ class Ledger:
                 mark.sent_at = now
         elif outcome is DeleteOutcome.GONE:
             server = self._snapshot.forget(server_id)
+            if server is not None and server.request_id:
+                self._own_unlisted.add(server.request_id)
             self._removed[self._cluster.provider_ids.format(server_id)] = now
             group_id = mark.group_id if mark is not None else server.group_id if server else None
             if group_id is not None:
@@ -396,9 +406,11 @@ class Ledger:
                 # may still show the server, and must not bring it back as running.
                 reason = mark.reason if mark is not None else DeleteReason.REQUESTED
                 self._deleting[server_id] = _DeleteMark(group_id, reason, self._generation, now)
+                self._snapshot.mark(server_id)
                 self._snapshot.touch(group_id)
         elif outcome is DeleteOutcome.NOT_OURS and mark is not None:
             del self._deleting[server_id]
+            self._snapshot.unmark(server_id)
             self._snapshot.touch(mark.group_id)
             steps.event(EventKind.DELETE_REFUSED, mark.group_id, server_id=server_id)
         return steps.done()
@@ -411,8 +423,17 @@ class Ledger:
         return self._generation
 
     def settle_full(self, generation: int, listed: Iterable[Server], now: float) -> Next:
-        """A complete listing that began at ``generation``."""
+        """A complete listing that began at ``generation``: every server it showed."""
         diff = self._snapshot.apply_full(listed, now)
+        return self._settle(diff, generation, now, full=True, gone=set())
+
+    def settle_complete(
+        self, generation: int, changed: Iterable[Server], gone: Iterable[str], now: float
+    ) -> Next:
+        """A complete listing that began at ``generation``, given as its difference from the
+        snapshot: servers new or changed, and the listed ids it no longer shows. The same
+        facts as ``settle_full`` (a mark or a create settles by absence), in O(changed)."""
+        diff = self._snapshot.apply_changes(changed, gone, now)
         return self._settle(diff, generation, now, full=True, gone=set())
 
     def settle_changes(
@@ -429,8 +450,10 @@ class Ledger:
         steps = _Steps()
         self._settle_deletions(diff, generation, now, full=full, gone=gone, steps=steps)
         self._settle_creates(generation, now, full=full, steps=steps)
-        fresh: Iterable[Server] = self._snapshot.servers() if full else diff.touched()
-        strays = self._check_requests(fresh, diff, now, steps)
+        # Only what this listing brought can be an orphan, a duplicate or a stray: a request is
+        # given up only while no server of it is listed, so earlier servers were checked when
+        # they came (the first listing brings them all).
+        strays = self._check_requests(diff.touched(), diff, now, steps)
         groups = (
             {spec.group_id for spec in self._cluster.node_groups}
             if full
@@ -459,6 +482,8 @@ class Ledger:
         ids = self._cluster.provider_ids
         for server in diff.gone:
             self._removed[ids.format(server.server_id)] = now
+            if server.request_id:
+                self._own_unlisted.add(server.request_id)
         dropped = {server.server_id for server in diff.gone}
         for server_id, mark in list(self._deleting.items()):
             # A mark goes once a listing no longer shows the server. A listing begun after the
@@ -467,6 +492,7 @@ class Ledger:
             later = generation > mark.generation and server_id not in self._snapshot
             if server_id in dropped or (later and (full or server_id in gone)):
                 del self._deleting[server_id]
+                self._snapshot.unmark(server_id)
                 self._removed[ids.format(server_id)] = now
                 self._snapshot.touch(mark.group_id)
                 steps.event(EventKind.SERVER_DELETED, mark.group_id, server_id=server_id)
@@ -588,8 +614,11 @@ class Ledger:
         ):
             for key in [k for k, when in memory.items() if now - when > keep_for]:
                 del memory[key]
-        listed = {s.request_id for s in self._snapshot.servers() if s.request_id}
-        self._own &= listed | self._creates.keys()
+        # A request is forgotten once no server of it is listed and no create of it is in hand.
+        for request_id in self._own_unlisted:
+            if not self._snapshot.has_request(request_id) and request_id not in self._creates:
+                self._own.discard(request_id)
+        self._own_unlisted.clear()
 
     # -- transitions ------------------------------------------------------------------------------
 
@@ -629,6 +658,10 @@ class Ledger:
 
     def _forget_create(self, create: Create) -> None:
         del self._creates[create.request_id]
+        group = self._creates_by_group[create.group_id]
+        del group[create.request_id]
+        if not group:
+            del self._creates_by_group[create.group_id]
         if create.server_id is not None:
             self._by_server.pop(create.server_id, None)
         self._snapshot.touch(create.group_id)
@@ -639,6 +672,7 @@ class Ledger:
         if server_id in self._deleting:
             return
         self._deleting[server_id] = _DeleteMark(group_id, reason, self._generation, now)
+        self._snapshot.mark(server_id)
         self._snapshot.touch(group_id)
         steps.deletes.append(DeleteOrder(server_id, group_id, reason))
 

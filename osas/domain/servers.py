@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import IntEnum
@@ -91,12 +92,13 @@ class OwnershipMarks:
         group_id = record.metadata.get(META_GROUP)
         if not group_id:
             return None
+        # Group ids, statuses and task states repeat across thousands of servers: one copy each.
         return Server(
             server_id=record.server_id,
             name=record.name,
-            group_id=group_id,
-            status=record.status.upper(),
-            task_state=record.task_state,
+            group_id=sys.intern(group_id),
+            status=sys.intern(record.status.upper()),
+            task_state=None if record.task_state is None else sys.intern(record.task_state),
             request_id=record.metadata.get(META_REQUEST),
             fault=record.fault,
             created=record.created,

@@ -3,7 +3,10 @@
 Listings are applied as differences: a server that did not change is not touched, so a sync
 that brings nothing new costs nothing and one that brings k servers costs O(k). Every change to
 a node group's servers bumps that group's generation, so answers derived from a group can be
-reused until it changes. Nothing here decides anything; the ``Ledger`` does, on top of it.
+reused until it changes. Per group the snapshot also counts the servers that are not being
+deleted, so a target size is O(1) rather than a walk over the group. Nothing here decides
+anything; the ``Ledger`` does, on top of it (it tells the snapshot which servers it marked for
+deletion, so that the count leaves them out).
 """
 
 from __future__ import annotations
@@ -31,16 +34,45 @@ class SnapshotDiff:
         yield from self.gone
 
 
+# A name or request id almost always belongs to one server: the index holds that id alone, and
+# a tuple only for the rare duplicates (a set per server would cost more than the server).
+_Ids = str | tuple[str, ...]
+
+
+def _ids(entry: _Ids | None) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else entry
+
+
+def _with(entry: _Ids | None, server_id: str) -> _Ids:
+    if entry is None:
+        return server_id
+    ids = _ids(entry)
+    return ids if server_id in ids else (*ids, server_id)
+
+
+def _without(entry: _Ids, server_id: str) -> _Ids | None:
+    left = tuple(i for i in _ids(entry) if i != server_id)
+    if not left:
+        return None
+    return left[0] if len(left) == 1 else left
+
+
 @dataclass(slots=True)
 class Snapshot:
     """Servers by id, with indexes by node group, name and request id."""
 
     _servers: dict[str, Server] = field(default_factory=dict)
     _by_group: dict[str, dict[str, Server]] = field(default_factory=dict)
-    _by_name: dict[str, set[str]] = field(default_factory=dict)
-    _by_request: dict[str, set[str]] = field(default_factory=dict)
+    _by_name: dict[str, _Ids] = field(default_factory=dict)
+    _by_request: dict[str, _Ids] = field(default_factory=dict)
     _generations: dict[str, int] = field(default_factory=dict)
     _flavors: dict[str, Flavor] = field(default_factory=dict)
+    # Servers the ledger marked for deletion (listed or not), and per group the listed servers
+    # that are neither marked nor being deleted by Nova: what a target size counts.
+    _marked: set[str] = field(default_factory=set)
+    _counted: dict[str, int] = field(default_factory=dict)
     listed_at: float | None = None  # when the last listing was applied; None before the first
 
     # -- reads ------------------------------------------------------------------------------------
@@ -57,15 +89,29 @@ class Snapshot:
     def servers(self) -> Iterable[Server]:
         return self._servers.values()
 
+    def ids(self) -> list[str]:
+        """Every listed server id, copied: safe to walk while the snapshot changes."""
+        return list(self._servers)
+
     def of_group(self, group_id: str) -> Iterable[Server]:
         return self._by_group.get(group_id, {}).values()
 
     def named(self, name: str) -> list[Server]:
-        return [self._servers[server_id] for server_id in self._by_name.get(name, ())]
+        return [self._servers[server_id] for server_id in _ids(self._by_name.get(name))]
 
     def of_request(self, request_id: str) -> list[Server]:
         """Every listed server made for one create request (more than one is a duplicate)."""
-        return [self._servers[server_id] for server_id in self._by_request.get(request_id, ())]
+        return [self._servers[server_id] for server_id in _ids(self._by_request.get(request_id))]
+
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self._by_request
+
+    def counted(self, group_id: str) -> int:
+        """Listed servers of the group that are not being deleted (by Nova or by osas)."""
+        return self._counted.get(group_id, 0)
+
+    def is_marked(self, server_id: str) -> bool:
+        return server_id in self._marked
 
     def generation(self, group_id: str) -> int:
         """Bumped by every change to the group's servers or to the ledger entries of the group."""
@@ -86,10 +132,32 @@ class Snapshot:
             self._flavors[group_id] = flavor
         self.touch(group_id)
 
+    # -- deletion marks ---------------------------------------------------------------------------
+
+    def mark(self, server_id: str) -> None:
+        """The ledger marked this server for deletion: it no longer counts in its group."""
+        if server_id in self._marked:
+            return
+        server = self._servers.get(server_id)
+        if server is not None:
+            self._count(server, -1)
+            self.touch(server.group_id)
+        self._marked.add(server_id)
+
+    def unmark(self, server_id: str) -> None:
+        if server_id not in self._marked:
+            return
+        self._marked.discard(server_id)
+        server = self._servers.get(server_id)
+        if server is not None:
+            self._count(server, +1)
+            self.touch(server.group_id)
+
     # -- changes ----------------------------------------------------------------------------------
 
     def apply_full(self, listed: Iterable[Server], now: float) -> SnapshotDiff:
-        """A complete listing: whatever it does not show is gone."""
+        """A complete listing: whatever it does not show is gone. O(n): for a listing already
+        reduced to its difference, ``apply_changes`` does the same in O(changed)."""
         self.listed_at = now
         fresh: dict[str, Server] = {}
         for server in listed:
@@ -104,7 +172,8 @@ class Snapshot:
     def apply_changes(
         self, changed: Iterable[Server], gone_ids: Iterable[str], now: float
     ) -> SnapshotDiff:
-        """An incremental listing: servers that changed, and ids known to be gone."""
+        """Servers that changed, and ids known to be gone: from an incremental listing, or a
+        complete one reduced to its difference."""
         self.listed_at = now
         live: list[Server] = []
         gone_ids = set(gone_ids)
@@ -131,7 +200,7 @@ class Snapshot:
         changed: list[Server] = []
         for server in servers:
             old = self._servers.get(server.server_id)
-            if old == server:
+            if old is server or old == server:
                 continue
             if old is None:
                 added.append(server)
@@ -141,13 +210,20 @@ class Snapshot:
             self._insert(server)
         return added, changed
 
+    def _count(self, server: Server, delta: int) -> None:
+        if not server.is_deleting and server.server_id not in self._marked:
+            self._counted[server.group_id] = self._counted.get(server.group_id, 0) + delta
+
     def _insert(self, server: Server) -> None:
-        self._servers[server.server_id] = server
-        self._by_group.setdefault(server.group_id, {})[server.server_id] = server
-        self._by_name.setdefault(server.name, set()).add(server.server_id)
+        server_id, group_id = server.server_id, server.group_id
+        self._servers[server_id] = server
+        self._by_group.setdefault(group_id, {})[server_id] = server
+        self._by_name[server.name] = _with(self._by_name.get(server.name), server_id)
         if server.request_id:
-            self._by_request.setdefault(server.request_id, set()).add(server.server_id)
-        self.touch(server.group_id)
+            request_id = server.request_id
+            self._by_request[request_id] = _with(self._by_request.get(request_id), server_id)
+        self._count(server, +1)
+        self.touch(group_id)
 
     def _remove(self, server: Server) -> None:
         server_id = server.server_id
@@ -159,11 +235,13 @@ class Snapshot:
         _drop(self._by_name, server.name, server_id)
         if server.request_id:
             _drop(self._by_request, server.request_id, server_id)
+        self._count(server, -1)
         self.touch(server.group_id)
 
 
-def _drop(index: dict[str, set[str]], key: str, server_id: str) -> None:
-    members = index[key]
-    members.discard(server_id)
-    if not members:
+def _drop(index: dict[str, _Ids], key: str, server_id: str) -> None:
+    left = _without(index[key], server_id)
+    if left is None:
         del index[key]
+    else:
+        index[key] = left

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
 
@@ -49,7 +49,11 @@ class OptionOverrides:
     ignore_daemonsets_utilization: bool | None = None
 
     def is_empty(self) -> bool:
-        return all(getattr(self, f.name) is None for f in fields(self))
+        # Asked at every GetOptions, once per node per CA loop: one comparison, not a walk.
+        return self == _NO_OVERRIDES
+
+
+_NO_OVERRIDES = OptionOverrides()
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +71,11 @@ class NodeGroupSpec:
     availability_zone: str | None = None
     server_group: str | None = None
     user_data: str | None = field(default=None, repr=False)  # may hold bootstrap tokens
+    # Or a template read from this file at each create (a mounted Secret), and variables whose
+    # values are read from files: name -> path. Paths only here; the engine reads them.
+    user_data_file: str | None = None
+    user_data_vars: Mapping[str, str] = field(default_factory=dict)
+    user_data_format: str = "text"  # "json": placeholders are filled in JSON strings only
     boot_volume: BootVolume | None = None
     metadata: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)

@@ -1,5 +1,8 @@
 """The engine's face to the service: every Cluster Autoscaler call, answered from the inventory
-or turned into queued work, with the decisions taken in the domain."""
+or turned into queued work, with the decisions taken in the domain.
+
+Mutations log nothing themselves: what they decided is bound to the call's log context
+(structlog contextvars) and goes out in the one access line the service writes per call."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ from decimal import Decimal
 
 import anyio
 import structlog
+from structlog.contextvars import bind_contextvars
 
 from osas.domain.errors import NodeNotFound, NotReady, NotSupported
 from osas.domain.inventory import Instance, Inventory
@@ -18,6 +22,7 @@ from osas.domain.sizing import plan_decrease, plan_delete, plan_increase, requir
 from osas.domain.specs import ClusterSpec, NodeGroupSpec
 from osas.domain.template import LABEL_INSTANCE_TYPE, NodeTemplate, build_template
 from osas.engine.events import follow
+from osas.engine.metrics import EngineMetrics
 from osas.engine.queue import CreateTask, TaskQueue
 from osas.engine.reconciler import Reconciler
 from osas.engine.settings import EngineSettings
@@ -33,12 +38,15 @@ class Controller:
         queue: TaskQueue,
         reconciler: Reconciler,
         settings: EngineSettings,
+        *,
+        metrics: EngineMetrics | None = None,
     ) -> None:
         self.cluster = cluster
         self.inventory = inventory
         self.queue = queue
         self.reconciler = reconciler
         self.settings = settings
+        self._metrics = metrics
         self._accepting = True
 
     def check_ready(self) -> None:
@@ -65,6 +73,13 @@ class Controller:
         check_node(node)
         group_id = self.inventory.group_for_node(node.name, node.provider_id)
         return None if group_id is None else self.cluster.group(group_id)
+
+    def generation(self, group_id: str) -> int:
+        """Changes whenever anything CA sees of the group may have changed: answers derived
+        from the group stay true while it does not."""
+        self.check_ready()
+        require_group(self.cluster, group_id)
+        return self.inventory.generation(group_id)
 
     def target_size(self, group_id: str) -> int:
         self.check_ready()
@@ -133,12 +148,9 @@ class Controller:
         self.queue.ensure_room(count)
         request_ids = self.inventory.ledger.accept_creates(group_id, count, anyio.current_time())
         self.queue.put_all([CreateTask(request_id, group_id) for request_id in request_ids])
-        logger.info(
-            "scale-up accepted",
-            group=group_id,
-            delta=delta,
-            target=self.inventory.target_size(group_id),
-        )
+        if self._metrics is not None:
+            self._metrics.creates_requested.labels(group_id).inc(count)
+        bind_contextvars(delta=delta, target=self.inventory.target_size(group_id))
 
     def delete_nodes(self, group_id: str, nodes: list[NodeInfo]) -> None:
         self._check_accepting()
@@ -146,10 +158,9 @@ class Controller:
         pairs = [(node.name, node.provider_id) for node in nodes]
         plan = plan_delete(self.cluster, self.inventory, group_id, pairs)
         self.queue.ensure_room(len(plan.servers))
-        follow(self.inventory.ledger.accept_delete(plan, anyio.current_time()), self.queue)
-        logger.info(
-            "scale-down accepted",
-            group=group_id,
+        steps = self.inventory.ledger.accept_delete(plan, anyio.current_time())
+        follow(steps, self.queue, self._metrics)
+        bind_contextvars(
             servers=len(plan.servers),
             failed_creates=len(plan.failures),
             cancelled_creates=len(plan.cancels) + len(plan.give_ups),
@@ -161,31 +172,32 @@ class Controller:
         self._check_accepting()
         plan = plan_decrease(self.cluster, self.inventory, group_id, delta)
         self.inventory.ledger.accept_decrease(plan, anyio.current_time())
-        logger.info(
-            "target decreased",
-            group=group_id,
-            delta=delta,
-            target=self.inventory.target_size(group_id),
-        )
+        bind_contextvars(delta=delta, target=self.inventory.target_size(group_id))
 
     # -- lifecycle --------------------------------------------------------------------------------
 
     def refresh(self) -> None:
         """Nudge a sync; refuse (CA then skips its loop) only if the inventory is too stale."""
         self.reconciler.nudge()
+        stale = self.staleness()
+        if stale is not None:
+            raise NotReady(stale)
+
+    def staleness(self) -> str | None:
+        """Why the inventory is too stale to act on (Refresh fails, /readyz answers 503), or
+        None when it is not."""
         age = self.inventory.age(anyio.current_time())
         if age is None:
-            raise NotReady("inventory not synced with OpenStack yet")
+            return "inventory not synced with OpenStack yet"
         if age > self.settings.max_inventory_age:
-            raise NotReady(
+            return (
                 f"inventory is {age:.0f}s old (limit {self.settings.max_inventory_age:.0f}s): "
                 f"OpenStack unreachable? last error: {self.reconciler.status.last_error}"
             )
+        return None
 
     def cleanup(self) -> None:
         """CA is shutting down. Accepted work is still carried out; say how much there is."""
-        logger.info(
-            "cleanup requested by the Cluster Autoscaler",
-            queued_tasks=len(self.queue),
-            deleting=len(self.inventory.ledger.deleting_ids()),
+        bind_contextvars(
+            queued_tasks=len(self.queue), deleting=len(self.inventory.ledger.deleting_ids())
         )

@@ -1,5 +1,6 @@
 """What the ledger says must happen next, carried out: its deletes queued, and its events told
-to the operator, one log line each, at a level that says whether anyone needs to look."""
+to the operator, one log line each, at a level that says whether anyone needs to look, and
+counted. Servers entering and leaving a problem state are told here too."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import logging
 import structlog
 
 from osas.domain.ledger import DeleteReason, EventKind, Next
+from osas.domain.problems import ProblemChange
+from osas.engine.metrics import EngineMetrics
 from osas.engine.queue import TaskQueue, delete_tasks
 
 logger = structlog.get_logger("osas.ledger")
@@ -36,7 +39,9 @@ _DELETE_LEVELS: dict[DeleteReason, int] = {
 }
 
 
-def log_next(steps: Next) -> None:
+def log_next(steps: Next, metrics: EngineMetrics | None = None) -> None:
+    if metrics is not None:
+        metrics.record_next(steps)
     for event in steps.events:
         logger.log(
             _EVENT_LEVELS[event.kind],
@@ -56,10 +61,34 @@ def log_next(steps: Next) -> None:
         )
 
 
-def follow(steps: Next, queue: TaskQueue) -> None:
-    """Log what the ledger said and queue its deletes (those not in hand already)."""
-    log_next(steps)
+def follow(steps: Next, queue: TaskQueue, metrics: EngineMetrics | None = None) -> None:
+    """Log and count what the ledger said, and queue its deletes (those not in hand already)."""
+    log_next(steps, metrics)
     left_out = queue.put_new(delete_tasks(steps.deletes))
     if left_out:
         # Marked deleting all the same: the ledger sends them again after delete_retry_after.
         logger.warning("queue full; deletes postponed", servers=len(left_out))
+
+
+def log_problems(changes: list[ProblemChange], metrics: EngineMetrics | None = None) -> None:
+    """One line when a server enters a problem state, one when it leaves it."""
+    if metrics is not None:
+        metrics.record_problems(changes)
+    for change in changes:
+        if change.started:
+            logger.warning(
+                "server problem",
+                problem=change.problem.value,
+                group=change.group_id,
+                server_id=change.server_id,
+                detail=change.detail,
+            )
+        else:
+            logger.info(
+                "server problem over",
+                problem=change.problem.value,
+                group=change.group_id,
+                server_id=change.server_id,
+                detail=change.detail,
+                lasted_seconds=round(change.lasted),
+            )

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class EngineSettings:
     queue_capacity: int = 1000
-    workers: int = 4
+    workers: int = 10  # tasks in hand at once: as many creates as the cloud takes at once
     # Incremental (changes-since) sync period, and how often a complete listing replaces it.
     reconcile_interval: float = 10.0
     full_resync_interval: float = 300.0
@@ -18,3 +18,6 @@ class EngineSettings:
     changes_since_overlap: float = 60.0
     delete_attempts: int = 3
     retry_backoff: float = 1.0
+    # Servers in BUILD, or being deleted, this long are reported (never acted on).
+    stuck_build_after: float = 1800.0
+    stuck_delete_after: float = 600.0

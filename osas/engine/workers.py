@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from string import Template
-
 import anyio
 import structlog
 
@@ -23,30 +21,27 @@ from osas.domain.ledger import (
 from osas.domain.servers import ErrorClass, ErrorInfo, OwnershipMarks
 from osas.domain.specs import ClusterSpec, NodeGroupSpec
 from osas.engine.events import follow, log_next
+from osas.engine.metrics import EngineMetrics
 from osas.engine.queue import CreateTask, DeleteTask, Task, TaskQueue
 from osas.engine.settings import EngineSettings
+from osas.engine.userdata import SecretFiles, UserDataError, build_user_data, render_user_data
 
 logger = structlog.get_logger(__name__)
 
 
-def render_user_data(template: str, *, cluster_name: str, group_id: str, name: str) -> str:
-    """User data for one server: ``${server_name}``, ``${node_group}`` and ``${cluster_name}``
-    are filled in, anything else that looks like a placeholder is left as written."""
-    return Template(template).safe_substitute(
-        server_name=name, node_group=group_id, cluster_name=cluster_name
-    )
+__all__ = ["Workers", "create_request", "render_user_data"]
 
 
 def create_request(
-    cluster: ClusterSpec, spec: NodeGroupSpec, request_id: str
+    cluster: ClusterSpec, spec: NodeGroupSpec, request_id: str, files: SecretFiles | None = None
 ) -> CreateServerRequest:
+    """The create for one server. Raises UserDataError when its user data cannot be built
+    (files are read through ``files``, which re-reads them only when they changed)."""
     marks = OwnershipMarks(cluster.cluster_name)
     name = server_name(cluster.cluster_name, spec.group_id, request_id)
-    user_data = None
-    if spec.user_data is not None:
-        user_data = render_user_data(
-            spec.user_data, cluster_name=cluster.cluster_name, group_id=spec.group_id, name=name
-        )
+    user_data = build_user_data(
+        spec, cluster_name=cluster.cluster_name, name=name, files=files or SecretFiles()
+    )
     return CreateServerRequest(
         name=name,
         flavor=spec.flavor,
@@ -77,14 +72,18 @@ class Workers:
         inventory: Inventory,
         queue: TaskQueue,
         settings: EngineSettings,
+        *,
+        metrics: EngineMetrics | None = None,
     ) -> None:
         self._cluster = cluster
         self._cloud = cloud
+        self._metrics = metrics
         self._ledger = inventory.ledger
         self._queue = queue
         self._settings = settings
         self._marks = OwnershipMarks(cluster.cluster_name)
         self._draining = anyio.Event()
+        self._files = SecretFiles()
 
     def drain(self) -> dict[str, int]:
         """Shutting down: queued deletes are still sent, by more workers than usual, and queued
@@ -92,7 +91,7 @@ class Workers:
         self._draining.set()
         dropped = self._queue.close()
         steps = self._ledger.drop_queued([t.request_id for t in dropped], anyio.current_time())
-        log_next(steps)
+        log_next(steps, self._metrics)
         counts: dict[str, int] = {}
         for event in steps.events:
             counts[event.group_id] = counts.get(event.group_id, 0) + 1
@@ -139,7 +138,7 @@ class Workers:
         await anyio.sleep(self._settings.retry_backoff * 2**attempt)
 
     def _follow(self, steps: Next) -> None:
-        follow(steps, self._queue)
+        follow(steps, self._queue, self._metrics)
 
     async def _create(self, task: CreateTask) -> None:
         log = logger.bind(group=task.group_id, request_id=task.request_id)
@@ -155,9 +154,14 @@ class Workers:
                     )
                 )
             else:
-                outcome = await self._send_create(
-                    create_request(self._cluster, spec, task.request_id)
-                )
+                try:
+                    request = create_request(self._cluster, spec, task.request_id, self._files)
+                except UserDataError as exc:
+                    # Refused, not sent: CA sees a failed create with this reason and backs off.
+                    log.error("user data cannot be built; create refused", reason=str(exc))
+                    outcome = Refused(ErrorInfo("UserDataUnavailable", str(exc), ErrorClass.OTHER))
+                else:
+                    outcome = await self._send_create(request)
             if isinstance(outcome, Created):
                 log.info("server created", server_id=outcome.server.server_id)
             steps = self._ledger.finish_create(task.request_id, outcome, anyio.current_time())

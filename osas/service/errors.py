@@ -1,4 +1,5 @@
-"""The one place where osas errors become gRPC statuses, and every refusal is logged."""
+"""The one place where osas errors become gRPC statuses. Refusals are logged once, by the
+call's access line (``observer``), with the message given here as their reason."""
 
 from __future__ import annotations
 
@@ -61,13 +62,9 @@ def translate_errors(
         try:
             return await method(self, request, context)
         except OsasError as exc:
-            code = status_of(exc)
-            if code is grpc.StatusCode.UNIMPLEMENTED:
-                logger.debug("rpc left to CA defaults", rpc=rpc, reason=str(exc))
-            else:
-                logger.warning("rpc refused", rpc=rpc, code=code.name, reason=str(exc))
-            await aio_context.abort(code, str(exc))
+            await aio_context.abort(status_of(exc), str(exc))
         except Exception:
+            # A bug: its traceback here, its access line (INTERNAL) from the observer.
             logger.exception("rpc failed", rpc=rpc)
             await aio_context.abort(grpc.StatusCode.INTERNAL, f"{rpc} failed; see the osas log")
 

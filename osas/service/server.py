@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import socket
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -11,12 +14,19 @@ from google.protobuf import message_factory
 from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry
+from structlog.contextvars import bind_contextvars
 
+from osas.domain.limits import MAX_NODES_PER_REQUEST
 from osas.engine.controller import Controller
 from osas.protocol import externalgrpc_pb2
+from osas.service.health import ProbeHealthServicer
+from osas.service.metrics import RpcMetrics
+from osas.service.observer import RpcObserver
 from osas.service.servicer import CloudProviderServicer
 from osas.service.settings import ServerSettings, TransportSettings
 from osas.service.tls import CertificateFiles, ClientAllowList
+from osas.service.wire import more_records_than
 
 logger = structlog.get_logger(__name__)
 
@@ -24,6 +34,30 @@ _SERVICE = externalgrpc_pb2.DESCRIPTOR.services_by_name["CloudProvider"]
 SERVICE_NAME = _SERVICE.full_name
 
 Handler = Callable[[Message, grpc.aio.ServicerContext[Any, Any]], Awaitable[Message]]
+
+
+class BindError(Exception):
+    """A gRPC server cannot listen on its configured address."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Cap:
+    """A repeated field of a request whose length the domain caps."""
+
+    field: str
+    limit: int
+
+
+# Counted on the wire before decoding (see ``osas.service.wire``).
+_CAPPED_FIELDS = {"NodeGroupDeleteNodes": _Cap("nodes", MAX_NODES_PER_REQUEST)}
+
+_BIND_HINTS = {
+    errno.EADDRINUSE: "another process (another osas?) listens there; stop it or choose "
+    "another port",
+    errno.EACCES: "permission denied; ports below 1024 need privileges, choose a higher port",
+    errno.EADDRNOTAVAIL: "no interface of this host has that address; listen on 0.0.0.0 or "
+    "an address of this host",
+}
 
 
 def server_options(transport: TransportSettings) -> list[tuple[str, int]]:
@@ -45,25 +79,65 @@ def server_options(transport: TransportSettings) -> list[tuple[str, int]]:
     ]
 
 
+def bind_problem(address: str) -> str:
+    """Why ``address`` cannot be listened on, found by binding it once more ourselves: gRPC
+    only says that it failed."""
+    host, _, port = address.rpartition(":")
+    try:
+        candidates = socket.getaddrinfo(
+            host.strip("[]") or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as exc:
+        return f"the host does not resolve ({exc.strerror})"
+    for family, kind, protocol, _, sockaddr in candidates:
+        with socket.socket(family, kind, protocol) as probe:
+            # As gRPC binds: connections of an earlier process in TIME_WAIT do not count.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+            except OSError as exc:
+                hint = _BIND_HINTS.get(exc.errno or 0, "")
+                return f"{exc.strerror.lower() if exc.strerror else exc}" + (
+                    f": {hint}" if hint else ""
+                )
+    return "gRPC could not bind it (GRPC_VERBOSITY=debug shows gRPC's own reason)"
+
+
+def _listen(key: str, address: str, add: Callable[[str], int]) -> int:
+    try:
+        return add(address)
+    except RuntimeError:
+        raise BindError(f"cannot listen on {address} ({key}): {bind_problem(address)}") from None
+
+
 def _guarded(
     name: str, handle: Handler, request_class: type[Message], allow: ClientAllowList | None
 ) -> Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Awaitable[Message]]:
     """Decode the request ourselves, so that undecodable bytes get INVALID_ARGUMENT (not the
-    INTERNAL gRPC would answer), and admit only allowed client identities."""
+    INTERNAL gRPC would answer), refuse a capped repeated field that is too long before
+    decoding it, and admit only allowed client identities. Refusals are logged once, in the
+    call's access line (``observer``), with the reason given here."""
+    cap = _CAPPED_FIELDS.get(name)
+    capped_number = request_class.DESCRIPTOR.fields_by_name[cap.field].number if cap else 0
 
     async def call(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Message:
         if allow:
             admitted, identity = allow.admits(context.auth_context())
             if not admitted:
-                names = identity.names() if identity else []
-                logger.warning("client refused: not in allowed_clients", rpc=name, client=names)
+                # Who was refused goes into the call's access line.
+                bind_contextvars(client=identity.names() if identity else [])
                 await context.abort(
                     grpc.StatusCode.PERMISSION_DENIED, "client identity is not allowed"
                 )
+        if cap and more_records_than(raw, capped_number, cap.limit):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"more than {cap.limit} {cap.field} in one request; at most {cap.limit} "
+                "are accepted",
+            )
         try:
             request = request_class.FromString(raw)
         except DecodeError:
-            logger.warning("rpc refused", rpc=name, code="INVALID_ARGUMENT", reason="undecodable")
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"request is not a valid {request_class.DESCRIPTOR.name} message",
@@ -78,15 +152,16 @@ def _serialize(message: Message) -> bytes:
 
 
 def provider_handler(
-    servicer: CloudProviderServicer, allow: ClientAllowList | None
+    servicer: CloudProviderServicer, allow: ClientAllowList | None, observer: RpcObserver
 ) -> grpc.GenericRpcHandler[Any, Any]:
-    """The CloudProvider service, every method behind ``_guarded``."""
+    """The CloudProvider service, every method behind ``_guarded`` and observed."""
     handlers = {}
     for method in _SERVICE.methods:
         request_class = message_factory.GetMessageClass(method.input_type)
         handle = getattr(servicer, method.name)
+        guarded = _guarded(method.name, handle, request_class, allow)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            _guarded(method.name, handle, request_class, allow),
+            observer.observe(method.name, guarded),
             request_deserializer=None,
             response_serializer=_serialize,
         )
@@ -96,40 +171,62 @@ def provider_handler(
 class ProviderServer:
     """Both gRPC servers with their health services; NOT_SERVING until ``set_serving``."""
 
-    def __init__(self, controller: Controller, settings: ServerSettings) -> None:
+    def __init__(
+        self,
+        controller: Controller,
+        settings: ServerSettings,
+        *,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         self._controller = controller
         self._settings = settings
+        methods = [method.name for method in _SERVICE.methods]
+        self._observer = RpcObserver(
+            _SERVICE,
+            RpcMetrics(registry or CollectorRegistry(), methods),
+            max_concurrent=settings.transport.max_concurrent_rpcs,
+        )
         # grpc-stubs predates health.aio; it is there at runtime since grpcio 1.33.
         self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]
-        self._public_health = health.aio.HealthServicer()  # type: ignore[attr-defined]
+        self._public_health = ProbeHealthServicer()
         self._servers: list[grpc.aio.Server] = []
         self.port = 0
         self.health_port = 0
+        self.certificates: CertificateFiles | None = None
 
     async def start(self) -> None:
         """Bind and start both servers (in the running loop: grpc.aio binds to it)."""
         settings = self._settings
         options = server_options(settings.transport)
-        server = grpc.aio.server(
-            options=options, maximum_concurrent_rpcs=settings.transport.max_concurrent_rpcs
-        )
+        server = grpc.aio.server(options=options)
         allow = ClientAllowList(settings.tls.allowed_clients) if settings.tls else None
         servicer = CloudProviderServicer(self._controller)
-        server.add_generic_rpc_handlers((provider_handler(servicer, allow),))
+        server.add_generic_rpc_handlers((provider_handler(servicer, allow, self._observer),))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
-        # Kubelet probes cannot present a client certificate: health alone, in plaintext.
-        health_server = grpc.aio.server(options=options, maximum_concurrent_rpcs=16)
+        # Kubelet probes cannot present a client certificate: health alone, in plaintext. No
+        # cap on concurrent calls: open Watch streams must never lock Check out (health.py).
+        health_server = grpc.aio.server(options=options)
         health_pb2_grpc.add_HealthServicer_to_server(self._public_health, health_server)
         if settings.tls is None:
             logger.warning("serving plaintext without client authentication (insecure: true)")
-            self.port = server.add_insecure_port(settings.listen)
+            self.port = _listen("listen", settings.listen, server.add_insecure_port)
         else:
-            credentials = CertificateFiles(settings.tls).credentials()
-            self.port = server.add_secure_port(settings.listen, credentials)
-        self.health_port = health_server.add_insecure_port(settings.health_listen)
+            self.certificates = CertificateFiles(settings.tls)
+            warning = self.certificates.expiry_warning()
+            if warning:
+                logger.warning("TLS certificate expires soon", reason=warning)
+            credentials = self.certificates.credentials()
+            self.port = _listen(
+                "listen",
+                settings.listen,
+                lambda address: server.add_secure_port(address, credentials),
+            )
+        self.health_port = _listen(
+            "health_listen", settings.health_listen, health_server.add_insecure_port
+        )
         for servicer in (self._health, self._public_health):
             for name in ("", SERVICE_NAME):
                 await servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)

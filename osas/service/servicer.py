@@ -1,5 +1,12 @@
 """The CloudProvider servicer: each RPC turns its request into a controller call and the
-result into a response. Decisions live in the domain; errors are mapped in ``errors``."""
+result into a response. Decisions live in the domain; errors are mapped in ``errors``.
+
+The answers CA asks for most are kept serialised and sent as they are until what they say
+changes: NodeGroupNodes and NodeGroupTargetSize per group and inventory generation (which the
+domain bumps on every change CA could see of a group), NodeGroupForNode per group (it carries
+only configuration). A cached answer is a ``Serialized``: the server's response serializer calls
+``SerializeToString`` on whatever a handler returns, and gets the stored bytes back.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +14,9 @@ from typing import TYPE_CHECKING
 
 from google.protobuf.any_pb2 import Any as AnyMessage
 
+from osas.domain.specs import NodeGroupSpec
 from osas.engine.controller import Controller
 from osas.protocol import externalgrpc_pb2 as pb
-from osas.protocol import externalgrpc_pb2_grpc as pb_grpc
 from osas.service import translate
 from osas.service.errors import translate_errors
 
@@ -18,9 +25,33 @@ if TYPE_CHECKING:
     from osas.protocol.externalgrpc_pb2_grpc import _ServicerContext as Context
 
 
-class CloudProviderServicer(pb_grpc.CloudProviderServicer):
+class Serialized:
+    """An answer serialised once and sent as is, as many times as it stays true."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def SerializeToString(self) -> bytes:  # the name protobuf messages answer to
+        return self.data
+
+
+_NOT_OURS = Serialized(
+    pb.NodeGroupForNodeResponse(nodeGroup=pb.NodeGroup(id="")).SerializeToString()
+)
+
+
+class CloudProviderServicer:
+    """Every RPC of ``pb_grpc.CloudProviderServicer``; the hot reads answer from caches."""
+
     def __init__(self, controller: Controller) -> None:
         self._controller = controller
+        # group id -> (the spec it was made from, the answer)
+        self._for_node: dict[str, tuple[NodeGroupSpec, Serialized]] = {}
+        # group id -> (inventory generation, the answer)
+        self._nodes: dict[str, tuple[int, Serialized]] = {}
+        self._targets: dict[str, tuple[int, Serialized]] = {}
 
     @translate_errors
     async def NodeGroups(
@@ -32,11 +63,16 @@ class CloudProviderServicer(pb_grpc.CloudProviderServicer):
     @translate_errors
     async def NodeGroupForNode(
         self, request: pb.NodeGroupForNodeRequest, context: Context
-    ) -> pb.NodeGroupForNodeResponse:
+    ) -> Serialized:
         spec = self._controller.node_group_for_node(translate.node_info(request.node))
         if spec is None:
-            return pb.NodeGroupForNodeResponse(nodeGroup=pb.NodeGroup(id=""))
-        return pb.NodeGroupForNodeResponse(nodeGroup=translate.node_group(spec))
+            return _NOT_OURS
+        cached = self._for_node.get(spec.group_id)
+        if cached is None or cached[0] is not spec:
+            response = pb.NodeGroupForNodeResponse(nodeGroup=translate.node_group(spec))
+            cached = (spec, Serialized(response.SerializeToString()))
+            self._for_node[spec.group_id] = cached
+        return cached[1]
 
     @translate_errors
     async def PricingNodePrice(
@@ -81,8 +117,16 @@ class CloudProviderServicer(pb_grpc.CloudProviderServicer):
     @translate_errors
     async def NodeGroupTargetSize(
         self, request: pb.NodeGroupTargetSizeRequest, context: Context
-    ) -> pb.NodeGroupTargetSizeResponse:
-        return pb.NodeGroupTargetSizeResponse(targetSize=self._controller.target_size(request.id))
+    ) -> Serialized:
+        group_id = request.id
+        generation = self._controller.generation(group_id)
+        cached = self._targets.get(group_id)
+        if cached is None or cached[0] != generation:
+            size = self._controller.target_size(group_id)
+            data = pb.NodeGroupTargetSizeResponse(targetSize=size).SerializeToString()
+            cached = (generation, Serialized(data))
+            self._targets[group_id] = cached
+        return cached[1]
 
     @translate_errors
     async def NodeGroupIncreaseSize(
@@ -109,9 +153,18 @@ class CloudProviderServicer(pb_grpc.CloudProviderServicer):
     @translate_errors
     async def NodeGroupNodes(
         self, request: pb.NodeGroupNodesRequest, context: Context
-    ) -> pb.NodeGroupNodesResponse:
-        instances = self._controller.nodes(request.id)
-        return pb.NodeGroupNodesResponse(instances=[translate.instance(i) for i in instances])
+    ) -> Serialized:
+        group_id = request.id
+        generation = self._controller.generation(group_id)
+        cached = self._nodes.get(group_id)
+        if cached is None or cached[0] != generation:
+            instances = self._controller.nodes(group_id)
+            response = pb.NodeGroupNodesResponse(
+                instances=[translate.instance(i) for i in instances]
+            )
+            cached = (generation, Serialized(response.SerializeToString()))
+            self._nodes[group_id] = cached
+        return cached[1]
 
     @translate_errors
     async def NodeGroupTemplateNodeInfo(

@@ -14,6 +14,8 @@ class TlsFiles:
     # Client identities allowed to call ("dns:NAME", "uri:URI", "cn:NAME"); empty: any client
     # with a certificate from client_ca_file.
     allowed_clients: tuple[str, ...] = ()
+    # DNS names and IP addresses CA dials; the server certificate must cover each.
+    server_names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,5 +36,6 @@ class ServerSettings:
     listen: str
     health_listen: str
     tls: TlsFiles | None  # None only when the operator chose plaintext explicitly
+    metrics_listen: str | None = None  # /metrics, /healthz, /readyz, /status; None: off
     shutdown_grace: float = 20.0
     transport: TransportSettings = field(default_factory=TransportSettings)

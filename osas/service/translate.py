@@ -25,7 +25,9 @@ _LONGEST_DURATION = timedelta(days=3650)
 
 
 def node_info(node: pb.ExternalGrpcNode) -> NodeInfo:
-    return NodeInfo(node.name, node.providerID, dict(node.labels), dict(node.annotations))
+    # The request's own maps, not copies: NodeGroupForNode comes once per node per loop, and
+    # copying a protobuf map goes through Python's Mapping machinery item by item.
+    return NodeInfo(node.name, node.providerID, node.labels, node.annotations)
 
 
 def node_group(spec: NodeGroupSpec) -> pb.NodeGroup:

@@ -5,6 +5,7 @@ model's refusals into osas's cloud errors in one place, as the OpenStack adapter
 from __future__ import annotations
 
 import random
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -56,6 +57,15 @@ class FakeCloud:
         await self._call()
         servers = self.nova.list_servers(tags=[tag], changes_since=changes_since)
         return [server.record() for server in servers]
+
+    async def list_server_pages(
+        self, tag: str, *, changes_since: datetime | None = None
+    ) -> AsyncIterator[list[ServerRecord]]:
+        yield await self.list_servers(tag, changes_since=changes_since)
+
+    async def list_server_ids(self, tag: str) -> set[str]:
+        await self._call()
+        return {server.server_id for server in self.nova.list_servers(tags=[tag])}
 
     async def get_server(self, server_id: str) -> ServerRecord | None:
         await self._call()

@@ -13,6 +13,7 @@ the servers compactly:
   it is stored and answered), ``quota_recheck_seconds`` (the scheduling window after which
   Nova's conductor re-checks quota and fails servers over it with a 413 fault),
   ``repeated_pages`` (pages asked with a marker that start with the marker's server again),
+  ``skipped_servers`` (listing pages that leave out their first server),
   ``ports_exceeded`` (creates refused with 403 "Maximum number of ports exceeded"),
   ``lost_create_status`` and ``dropped_create_connections`` (creates stored, then the
   connection closed without an answer).

@@ -91,6 +91,8 @@ class Compute:
         self.max_limit = max_limit
         self.min_version = min_version
         self.max_version = max_version
+        # Nova's hostId hashes the project with the host: one simulated host, one value.
+        self._host_id = hashlib.sha224(f"{project_id}sim-host".encode()).hexdigest()
 
     def register(self, router: Router) -> None:
         base = "/compute/v2.1"
@@ -330,11 +332,7 @@ class Compute:
             "tenant_id": self.project_id,
             "user_id": self.user_id,
             "metadata": dict(server.metadata),
-            "hostId": (
-                hashlib.sha224(f"{self.project_id}sim-host".encode()).hexdigest()
-                if scheduled
-                else ""
-            ),
+            "hostId": self._host_id if scheduled else "",
             "image": (
                 {"id": server.image, "links": self._links(base_url, "images", server.image)[1:]}
                 if server.image

@@ -1,4 +1,214 @@
-{{- define "osas.labels" -}}
-app.kubernetes.io/name: osas
+{{/* The chart's name, or nameOverride. */}}
+{{- define "osas.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Objects' name: fullnameOverride, else the release name (with the chart's name appended
+unless the release name holds it already). The Service, hence the host CA dials, has it. */}}
+{{- define "osas.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "osas.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "osas.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "osas.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "osas.labels" -}}
+helm.sh/chart: {{ include "osas.chart" . }}
+{{ include "osas.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: osas
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The labels of the helm test pod, which the NetworkPolicy lets through. */}}
+{{- define "osas.testLabels" -}}
+app.kubernetes.io/name: {{ include "osas.name" . }}-test
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: test
+{{- end }}
+
+{{- define "osas.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+{{- end }}
+
+{{- define "osas.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "osas.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The port of a "host:port" address ("[::]:8086" too). */}}
+{{- define "osas.port" -}}
+{{- regexReplaceAll "^.*:([0-9]+)$" . "${1}" }}
+{{- end }}
+
+{{- define "osas.grpcPort" -}}
+{{- include "osas.port" (required "config.listen is required" .Values.config.listen) }}
+{{- end }}
+
+{{- define "osas.healthPort" -}}
+{{- include "osas.port" (required "config.health_listen is required" .Values.config.health_listen) }}
+{{- end }}
+
+{{/* Empty when metrics are off (config.metrics_listen null). */}}
+{{- define "osas.metricsPort" -}}
+{{- with .Values.config.metrics_listen }}{{ include "osas.port" . }}{{ end }}
+{{- end }}
+
+{{/* The host CA dials: the Service's name in the cluster. */}}
+{{- define "osas.serviceHost" -}}
+{{ include "osas.fullname" . }}.{{ .Release.Namespace }}.svc
+{{- end }}
+
+{{- define "osas.tlsSecretName" -}}
+{{- if .Values.tls.certManager.enabled }}
+{{- printf "%s-tls" (include "osas.fullname" .) }}
+{{- else }}
+{{- required "tls.existingSecret is required when tls.certManager.enabled is false: a Secret with osas's server certificate (tls.crt, tls.key) and the CA that signs CA's client certificate (ca.crt)" .Values.tls.existingSecret }}
+{{- end }}
+{{- end }}
+
+{{- define "osas.clientSecretName" -}}
+{{- default (printf "%s-client" (include "osas.fullname" .)) .Values.tls.clientSecret }}
+{{- end }}
+
+{{- define "osas.clientDnsName" -}}
+{{- default (printf "cluster-autoscaler.%s.svc" .Release.Namespace) .Values.tls.clientDnsName }}
+{{- end }}
+
+{{- define "osas.cloudConfigSecretName" -}}
+{{- printf "%s-ca-cloud-config" (include "osas.fullname" .) }}
+{{- end }}
+
+{{/* Where the OpenStack credentials come from: "created" or "existing". */}}
+{{- define "osas.credentialsSource" -}}
+{{- $c := .Values.credentials }}
+{{- if and $c.cloudsYaml $c.env }}
+{{- fail "credentials: give cloudsYaml or env, not both" }}
+{{- else if or $c.cloudsYaml $c.env }}created
+{{- else if $c.existingSecret }}existing
+{{- else }}
+{{- fail "credentials: give existingSecret (a Secret you made), cloudsYaml or env" }}
+{{- end }}
+{{- end }}
+
+{{- define "osas.credentialsSecretName" -}}
+{{- if eq (include "osas.credentialsSource" .) "created" }}
+{{- printf "%s-openstack" (include "osas.fullname" .) }}
+{{- else }}
+{{- .Values.credentials.existingSecret }}
+{{- end }}
+{{- end }}
+
+{{/* "cloudsYaml" or "env". */}}
+{{- define "osas.credentialsFormat" -}}
+{{- $c := .Values.credentials }}
+{{- if $c.cloudsYaml }}cloudsYaml
+{{- else if $c.env }}env
+{{- else }}{{ $c.existingSecretFormat }}
+{{- end }}
+{{- end }}
+
+{{/* osas's configuration file as the chart completes it. */}}
+{{- define "osas.config" -}}
+{{- $config := deepCopy .Values.config }}
+{{- $openstack := default (dict) $config.openstack }}
+{{- if hasKey $openstack "auth" }}
+{{- fail "config.openstack.auth would put OpenStack credentials in a ConfigMap in plain text: put them in a Secret instead (credentials.cloudsYaml, credentials.env or credentials.existingSecret; docs/install.md)" }}
+{{- end }}
+{{- if and (eq (include "osas.credentialsFormat" .) "env") $openstack.cloud }}
+{{- fail "config.openstack.cloud names a clouds.yaml entry, but the credentials are OS_* variables (credentials.env or existingSecretFormat: env): remove config.openstack.cloud" }}
+{{- end }}
+{{- $userTls := default (dict) $config.tls }}
+{{- $serverNames := concat (list (include "osas.serviceHost" .)) (default (list) $userTls.server_names) | uniq }}
+{{- $allowed := $userTls.allowed_clients }}
+{{- if not $allowed }}
+{{- $allowed = list (printf "dns:%s" (include "osas.clientDnsName" .)) }}
+{{- end }}
+{{- $_ := set $config "tls" (dict
+  "cert_file" "/etc/osas/tls/tls.crt"
+  "key_file" "/etc/osas/tls/tls.key"
+  "client_ca_file" "/etc/osas/tls/ca.crt"
+  "server_names" $serverNames
+  "allowed_clients" $allowed) }}
+{{- if not $config.metrics_listen }}
+{{- $_ := unset $config "metrics_listen" }}
+{{- end }}
+{{- $groups := list }}
+{{- range $config.node_groups }}
+{{- $group := deepCopy . }}
+{{- $labels := default (dict) $group.labels }}
+{{- if not (hasKey $labels $.Values.managedNodes.label) }}
+{{- $_ := set $labels $.Values.managedNodes.label $group.id }}
+{{- end }}
+{{- $_ := set $group "labels" $labels }}
+{{- $groups = append $groups $group }}
+{{- end }}
+{{- $_ := set $config "node_groups" $groups }}
+{{- toYaml $config }}
+{{- end }}
+
+{{/* CA's cloud-config (--cloud-config), as CA's externalgrpc client reads it. */}}
+{{- define "osas.caCloudConfig" -}}
+address: {{ include "osas.serviceHost" . }}:{{ include "osas.grpcPort" . }}
+cert: {{ .Values.clusterAutoscaler.tlsMountPath }}/tls.crt
+key: {{ .Values.clusterAutoscaler.tlsMountPath }}/tls.key
+cacert: {{ .Values.clusterAutoscaler.tlsMountPath }}/ca.crt
+grpc_timeout: {{ .Values.clusterAutoscaler.grpcTimeout }}
+{{- end }}
+
+{{/* The issuer of the server and client certificates. */}}
+{{- define "osas.issuerRef" -}}
+{{- if .Values.tls.certManager.issuerRef.name }}
+{{- toYaml .Values.tls.certManager.issuerRef }}
+{{- else -}}
+name: {{ include "osas.fullname" . }}-ca
+kind: Issuer
+group: cert-manager.io
+{{- end }}
+{{- end }}
+
+{{/* .Values.affinity, with every required node selector term also asking for nodes that do
+not carry managedNodes.label: osas never runs on a node it may delete. */}}
+{{- define "osas.affinity" -}}
+{{- $affinity := deepCopy (default (dict) .Values.affinity) }}
+{{- if .Values.managedNodes.avoid }}
+{{- $avoid := dict "key" .Values.managedNodes.label "operator" "DoesNotExist" }}
+{{- $node := default (dict) $affinity.nodeAffinity }}
+{{- $required := default (dict) $node.requiredDuringSchedulingIgnoredDuringExecution }}
+{{- $terms := list }}
+{{- range default (list (dict)) $required.nodeSelectorTerms }}
+{{- $term := deepCopy . }}
+{{- $_ := set $term "matchExpressions" (append (default (list) $term.matchExpressions) $avoid) }}
+{{- $terms = append $terms $term }}
+{{- end }}
+{{- $_ := set $required "nodeSelectorTerms" $terms }}
+{{- $_ := set $node "requiredDuringSchedulingIgnoredDuringExecution" $required }}
+{{- $_ := set $affinity "nodeAffinity" $node }}
+{{- end }}
+{{- if $affinity }}{{ toYaml $affinity }}{{ end }}
 {{- end }}

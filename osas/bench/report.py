@@ -1,0 +1,232 @@
+"""docs/BENCHMARKS.md and its plot (a hand-written SVG: no plotting library needed)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from osas.bench.run import Figure, SizeResult
+
+# The targets of issue 10, in the order of its table: (figure key, size it is judged at).
+TARGETS = (
+    ("for_node", 50_000),
+    ("target", 10_000),
+    ("nodes", 10_000),
+    ("idle_worst", 50_000),
+    ("resync_worst", 50_000),
+    ("resync_p99", 50_000),
+    ("nova_bytes", 50_000),
+    ("rss", 50_000),
+    ("start", 50_000),
+)
+PLOTTED = (
+    ("for_node", "NodeGroupForNode"),
+    ("target", "NodeGroupTargetSize"),
+    ("nodes", "NodeGroupNodes"),
+)
+COLOURS = {"for_node": "#1f77b4", "target": "#2ca02c", "nodes": "#d62728"}
+
+
+def _number(value: float, unit: str) -> str:
+    if math.isnan(value):
+        return "—"
+    if unit == "x":
+        return f"{value:.2f}x"
+    if unit in {"ms", "s", "MiB", "MB"}:
+        digits = 0 if value >= 100 else 1 if value >= 10 else 2  # noqa: PLR2004
+        return f"{value:.{digits}f} {unit}"
+    return f"{value:.1f}"
+
+
+def _verdict(figure: Figure) -> str:
+    met = figure.met
+    return "—" if met is None else "met" if met else "**missed**"
+
+
+def _row(figure: Figure, suffix: str = "") -> str:
+    kind, samples = figure.kind, figure.samples
+    low = min(samples) if samples else float("nan")
+    high = max(samples) if samples else float("nan")
+    note = f" ({figure.note})" if figure.note else ""
+    return (
+        f"| {kind.name}{note}{suffix} | {kind.target} | {_number(low, kind.unit)} | "
+        f"{_number(figure.median, kind.unit)} | {_number(high, kind.unit)} | "
+        f"{len(samples)} | {_verdict(figure)} |"
+    )
+
+
+HOW = """\
+Everything runs on 127.0.0.1 as separate processes: the simulated OpenStack seeded with the
+cluster's servers (`osas.bench.cloud`), `osas serve` against it with mTLS at its default
+settings, and a bare grpc.aio server (`osas.bench.bare`) with the same mTLS that answers every
+call with the bytes osas answered it, without decoding the request: the limit of gRPC in Python
+on this machine. One Python client, serial calls, requests serialised beforehand, answers
+parsed. Ratios are bare time / osas time (1.0x: osas costs nothing above gRPC itself), measured
+back to back in each round, osas and bare taking turns to go first; min / median / max are over
+rounds (over complete resyncs for the resync rows). Servers are spread over node groups of at
+most 10,000 (osas caps max_size there): 50k servers are 5 groups. Targets are judged at the
+size the table names (at every size when it names none).
+
+- **Idle tails**: CA's loop (Refresh, NodeGroups, TemplateNodeInfo and NodeGroupNodes per
+  group, NodeGroupForNode and GetOptions for {loop_nodes} nodes, TargetSize three times per
+  group) replayed for {idle_seconds:.0f} s per round against osas syncing every 10 s (its
+  default), and for half as long against the bare server. NodeGroupNodes is reported apart: its
+  answer is 570 kB at 10,000 instances, and its cost is gRPC's (see the ratio).
+- **Resync tails**: the same loop for {resync_seconds:.0f} s against an osas doing a complete
+  resync every 20 s. A call is *during* a resync when it overlaps the span osas logs for it
+  (`complete listing applied`: from the listing's start to its application).
+- **Nova traffic**: requests and bytes the simulator served in the resync phase, turned into a
+  minute at the default intervals (an incremental sync every 10 s, a complete one every 5 min).
+- **Memory**: osas's RSS from /proc after the resync phase (several complete resyncs).
+- **Start**: from spawning `osas serve` to health SERVING, the first complete listing included.
+  The simulator serving that listing (50 pages of detail at 50k) is timed alone, with a client
+  that parses nothing, and subtracted for osas's part.
+- **Creates**: IncreaseSize(100) at the default settings, until the simulator holds 100 more
+  servers; the simulator counts the creates it has in hand at once.
+"""
+
+HEADER = "| measure | target | min | median | max | n | |\n|---|---|---|---|---|---|---|"
+
+
+def write_report(
+    out: Path,
+    machine: dict[str, str],
+    plan: dict[str, Any],
+    results: list[SizeResult],
+    creates: Figure,
+) -> None:
+    by_size = {result.servers: result for result in results}
+    lines = [
+        "# Benchmarks",
+        "",
+        (
+            "Written by `osas bench` (`nox -s bench`); every figure below comes from the run that "
+            "wrote this page."
+        ),
+        "",
+        (
+            f"Machine: {machine['cpu']}, {machine['cores']} cores, {machine['system']}; Python "
+            f"{machine['python']}, grpcio {machine['grpcio']}; {machine['date']}."
+        ),
+        "",
+        "## How",
+        "",
+        HOW.format(**plan),
+        "",
+        "## The targets",
+        "",
+        HEADER,
+    ]
+    for key, size in TARGETS:
+        result = by_size.get(size) or (results[-1] if results else None)
+        if result is None or key not in result.figures:
+            continue
+        lines.append(_row(result.figures[key], f", {result.servers:,} servers"))
+    lines.append(_row(creates))
+    lines += ["", "## Latency against inventory size", "", "![p50 latency](benchmarks-latency.svg)"]
+    lines += ["", _latency_table(results), ""]
+    for result in results:
+        lines += [
+            f"## {result.servers:,} servers ({result.groups} group{'s' * (result.groups > 1)})",
+            "",
+            HEADER,
+        ]
+        lines += [_row(figure) for figure in result.figures.values()]
+        lines.append("")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines).rstrip() + "\n")
+    (out.parent / "benchmarks-latency.svg").write_text(_plot(results))
+
+
+def _latency_table(results: list[SizeResult]) -> str:
+    head = "| p50 (median of rounds) | " + " | ".join(f"{r.servers:,}" for r in results) + " |"
+    rows = [head, "|---|" + "---|" * len(results)]
+    for key, label in PLOTTED:
+        for who in ("osas", "bare"):
+            cells = []
+            for result in results:
+                figure = result.figures.get(f"{key}_p50_{who}")
+                cells.append(_number(figure.median, "ms") if figure else "—")
+            rows.append(f"| {label}, {who} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def _plot(results: list[SizeResult]) -> str:
+    """p50 latency of the three hot reads against the number of servers, log-log."""
+    width, height, left, right, top, bottom = 640, 400, 70, 170, 30, 50
+    sizes = [r.servers for r in results]
+    values = [
+        f.median
+        for r in results
+        for key, _ in PLOTTED
+        for who in ("osas", "bare")
+        if (f := r.figures.get(f"{key}_p50_{who}")) and f.samples
+    ]
+    if not sizes or not values:
+        return '<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>'
+    x_low, x_high = math.log10(min(sizes)), math.log10(max(sizes)) or 1.0
+    y_low = math.floor(math.log10(min(values)))
+    y_high = math.ceil(math.log10(max(values)))
+    y_high = max(y_high, y_low + 1)
+
+    def x(size: float) -> float:
+        span = (x_high - x_low) or 1.0
+        return left + (math.log10(size) - x_low) / span * (width - left - right)
+
+    def y(ms: float) -> float:
+        return top + (y_high - math.log10(ms)) / (y_high - y_low) * (height - top - bottom)
+
+    parts = [
+        (
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            'font-family="sans-serif" font-size="12">'
+        ),
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{left}" y="18">p50 latency (ms, log) against servers in the inventory</text>',
+    ]
+    for power in range(y_low, y_high + 1):
+        level = y(10.0**power)
+        parts.append(
+            f'<line x1="{left}" x2="{width - right}" y1="{level:.1f}" y2="{level:.1f}" '
+            'stroke="#ddd"/>'
+        )
+        parts.append(
+            f'<text x="{left - 8}" y="{level + 4:.1f}" text-anchor="end">{10.0**power:g}</text>'
+        )
+    parts.extend(
+        f'<text x="{x(size):.1f}" y="{height - bottom + 18}" text-anchor="middle">{size:,}</text>'
+        for size in sizes
+    )
+    legend = top
+    for key, label in PLOTTED:
+        for who, dash in (("osas", ""), ("bare", ' stroke-dasharray="5,4"')):
+            points = [
+                (x(r.servers), y(f.median))
+                for r in results
+                if (f := r.figures.get(f"{key}_p50_{who}")) and f.samples
+            ]
+            if not points:
+                continue
+            path = " ".join(f"{px:.1f},{py:.1f}" for px, py in points)
+            parts.append(
+                f'<polyline points="{path}" fill="none" stroke="{COLOURS[key]}" '
+                f'stroke-width="2"{dash}/>'
+            )
+            parts += [
+                f'<circle cx="{px:.1f}" cy="{py:.1f}" r="3" fill="{COLOURS[key]}"/>'
+                for px, py in points
+            ]
+            parts.append(
+                f'<line x1="{width - right + 10}" x2="{width - right + 35}" y1="{legend}" '
+                f'y2="{legend}" stroke="{COLOURS[key]}" stroke-width="2"{dash}/>'
+            )
+            parts.append(f'<text x="{width - right + 40}" y="{legend + 4}">{label}, {who}</text>')
+            legend += 18
+    parts.append(
+        f'<text x="{(left + width - right) / 2:.1f}" y="{height - 10}" '
+        'text-anchor="middle">servers (log)</text>'
+    )
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"

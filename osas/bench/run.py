@@ -1,0 +1,785 @@
+"""osas against the bare gRPC limit at 1k / 10k / 50k servers; writes docs/BENCHMARKS.md.
+
+osas and the bare limit run side by side, in the same run, in separate processes, with the
+same mTLS, the same Python client and the same answer bytes.
+
+For each cluster size (servers spread over node groups of at most 10,000): the simulated
+OpenStack starts seeded; then, round after round, ``osas serve`` starts against it (the time to
+SERVING is measured), and the calls CA makes are timed serially against osas and against the
+bare server answering osas's own bytes, alternating which goes first. A CA loop (Refresh,
+NodeGroups, NodeGroupForNode and GetOptions per node, TargetSize three times per group,
+NodeGroupNodes and TemplateNodeInfo per group) is replayed for a while at the default sync
+interval (idle tails), then once more against an osas that resyncs every 20 s (tails during
+complete listings, Nova traffic, memory). Last, 100 creates at the default settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import dataclasses
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import grpc
+import requests
+import trustme
+import yaml
+from google.protobuf.message import Message
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from osas.bench.report import write_report
+from osas.protocol import externalgrpc_pb2 as pb
+from osas.sim.server import DEFAULT_DOMAIN, DEFAULT_PASSWORD, DEFAULT_PROJECT, DEFAULT_USER
+
+SERVICE = "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider"
+CLUSTER = "bench"
+GROUP_SIZE = 10_000  # osas caps max_size at 10,000: larger clusters have more groups
+LARGE = 50_000  # the size most targets are judged at
+CA_TIMEOUT = 5.0
+CREATES = 100
+_NEXT = re.compile(rb'"servers_links"\s*:\s*\[\{"rel"\s*:\s*"next"\s*,\s*"href"\s*:\s*"([^"]+)"')
+
+
+@dataclass(frozen=True)
+class Plan:
+    sizes: tuple[int, ...]
+    rounds: int
+    for_node_calls: int  # serial NodeGroupForNode calls per round (distinct nodes)
+    target_calls: int
+    nodes_calls: int
+    idle_seconds: float  # CA loop replay per round at the default 10 s sync interval
+    resync_seconds: float  # CA loop replay with a complete listing every 20 s
+    loop_nodes: int  # nodes per replayed CA loop
+    create_rounds: int
+
+
+FULL = Plan((1_000, 10_000, 50_000), 5, 2_000, 300, 20, 12.0, 65.0, 500, 3)
+QUICK = Plan((1_000, 5_000), 2, 500, 100, 10, 11.0, 25.0, 200, 2)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What a figure is, and how it is judged."""
+
+    name: str
+    unit: str
+    target: str = ""
+    better: str = "lower"
+    threshold: float | None = None
+    judged_at: int = 0  # the size the threshold applies to (0: every size)
+
+
+KINDS = {
+    "start": Kind(
+        "start to SERVING, osas's part (all, less the simulator serving the listing)",
+        "s",
+        "<= 3 s at 50k",
+        threshold=3.0,
+        judged_at=LARGE,
+    ),
+    "start_total": Kind("start to SERVING, all included", "s"),
+    "start_simulator": Kind("the simulator serving the complete detail listing alone", "s"),
+    "for_node": Kind(
+        "NodeGroupForNode, throughput vs bare", "x", ">= 0.95x at 50k", "higher", 0.95, LARGE
+    ),
+    "target": Kind("NodeGroupTargetSize, p50 vs bare", "x", ">= 0.9x", "higher", 0.9),
+    "nodes": Kind(
+        "NodeGroupNodes, p50 vs bare echo of the same bytes", "x", ">= 0.5x", "higher", 0.5
+    ),
+    "idle_worst": Kind(
+        "worst call while idle (syncs every 10 s), all but NodeGroupNodes",
+        "ms",
+        "<= 20 ms at 50k",
+        threshold=20.0,
+        judged_at=LARGE,
+    ),
+    "idle_worst_bare": Kind("the same, bare", "ms"),
+    "idle_p99": Kind("p99 while idle, all but NodeGroupNodes", "ms"),
+    "idle_p99_bare": Kind("the same, bare", "ms"),
+    "idle_worst_nodes": Kind("worst NodeGroupNodes while idle", "ms"),
+    "idle_worst_nodes_bare": Kind("the same, bare", "ms"),
+    "resync_worst": Kind(
+        "worst call during a complete resync, all but NodeGroupNodes",
+        "ms",
+        "<= 20 ms at 50k",
+        threshold=20.0,
+        judged_at=LARGE,
+    ),
+    "resync_p99": Kind("p99 during resyncs / p99 otherwise", "x", "<= 1.5x", threshold=1.5),
+    "resync_p999": Kind("p99.9 during resyncs / p99.9 otherwise", "x"),
+    "resync_seconds": Kind("complete resync, from listing to applied", "s"),
+    "nova_bytes": Kind(
+        "Nova bytes per minute, nothing changing (default intervals)",
+        "MB",
+        "<= 2 MB at 50k",
+        threshold=2.0,
+        judged_at=LARGE,
+    ),
+    "nova_requests": Kind("Nova requests per minute, the same", ""),
+    "nova_resync_bytes": Kind("bytes of one complete resync", "MB"),
+    "nova_incremental_bytes": Kind("bytes of one incremental sync", "MB"),
+    "rss": Kind(
+        "RSS after repeated complete resyncs",
+        "MiB",
+        "<= 120 MiB at 50k",
+        threshold=120.0,
+        judged_at=LARGE,
+    ),
+    "rss_peak": Kind("peak RSS", "MiB"),
+    "rss_started": Kind("RSS once serving", "MiB"),
+    "creates": Kind("100 creates reaching Nova (default settings)", "s", "<= 1.5 s", threshold=1.5),
+}
+
+
+# -- processes ----------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def rss_mib(pid: int) -> tuple[float, float]:
+    """Resident memory now and at its peak (MiB), from /proc."""
+    values = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, rest = line.partition(":")
+        if name in {"VmRSS", "VmHWM"}:
+            values[name] = int(rest.split()[0]) / 1024
+    return values["VmRSS"], values["VmHWM"]
+
+
+@contextmanager
+def kit(module: str, *arguments: str) -> Iterator[dict[str, Any]]:
+    """One of the benchmark's processes: it prints one JSON line when ready (handed to the
+    caller) and stops when its standard input closes."""
+    command = [sys.executable, "-m", module, *arguments]
+    process = subprocess.Popen(  # noqa: S603 - our own module, arguments we build
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        line = process.stdout.readline() if process.stdout else ""
+        if not line:
+            msg = f"{module} exited before it was ready"
+            raise RuntimeError(msg)
+        yield dict(json.loads(line))
+    finally:
+        with suppress(OSError):
+            if process.stdin:
+                process.stdin.close()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def sim_get(sim: dict[str, Any], path: str) -> dict[str, Any]:
+    answer = requests.get(f"{sim['base_url']}{path}", timeout=30)
+    answer.raise_for_status()
+    return dict(answer.json())
+
+
+def simulator_listing_seconds(sim: dict[str, Any]) -> float:
+    """How long the simulator takes to serve the complete detail listing osas makes at start,
+    to a client that reads the bytes and parses nothing: the simulator's share of the start."""
+    user = {"name": DEFAULT_USER, "domain": {"name": DEFAULT_DOMAIN}, "password": DEFAULT_PASSWORD}
+    auth: dict[str, Any] = {
+        "identity": {"methods": ["password"], "password": {"user": user}},
+        "scope": {"project": {"name": DEFAULT_PROJECT, "domain": {"name": DEFAULT_DOMAIN}}},
+    }
+    answer = requests.post(f"{sim['auth_url']}/auth/tokens", json={"auth": auth}, timeout=30)
+    session = requests.Session()
+    session.headers["X-Auth-Token"] = answer.headers["X-Subject-Token"]
+    session.headers["OpenStack-API-Version"] = "compute 2.100"
+    url: str | None = f"{sim['base_url']}/compute/v2.1/servers/detail?tags=osas-cluster%3D{CLUSTER}"
+    started = time.perf_counter()
+    while url is not None:
+        found = _NEXT.search(session.get(url, timeout=60).content)
+        url = found.group(1).decode() if found else None
+    return time.perf_counter() - started
+
+
+# -- certificates and configuration -------------------------------------------------------------
+
+
+@dataclass
+class Tls:
+    folder: Path
+    ca: bytes
+    client_cert: bytes
+    client_key: bytes
+
+    @classmethod
+    def make(cls, folder: Path) -> Tls:
+        authority = trustme.CA()
+        server = authority.issue_cert("localhost", "127.0.0.1")
+        client = authority.issue_cert("cluster-autoscaler.kube-system.svc")
+        (folder / "tls.crt").write_bytes(b"".join(b.bytes() for b in server.cert_chain_pems))
+        (folder / "tls.key").write_bytes(server.private_key_pem.bytes())
+        (folder / "ca.crt").write_bytes(authority.cert_pem.bytes())
+        return cls(
+            folder,
+            authority.cert_pem.bytes(),
+            b"".join(b.bytes() for b in client.cert_chain_pems),
+            client.private_key_pem.bytes(),
+        )
+
+    def server_files(self) -> dict[str, str]:
+        return {
+            "cert_file": str(self.folder / "tls.crt"),
+            "key_file": str(self.folder / "tls.key"),
+            "client_ca_file": str(self.folder / "ca.crt"),
+        }
+
+
+@dataclass
+class Setup:
+    """What every osas of a size is started with."""
+
+    folder: Path
+    tls: Tls
+    sim: dict[str, Any]
+    groups: list[str]
+
+
+def osas_config(setup: Setup, *, resync: str | None = None) -> tuple[Path, int, int]:
+    """A configuration at osas's defaults but for the node groups (and the resync interval
+    when asked); the file, its gRPC port and its health port."""
+    port, health = free_port(), free_port()
+    auth = {
+        "auth_url": setup.sim["auth_url"],
+        "username": DEFAULT_USER,
+        "password": DEFAULT_PASSWORD,
+        "project_name": DEFAULT_PROJECT,
+        "user_domain_name": DEFAULT_DOMAIN,
+        "project_domain_name": DEFAULT_DOMAIN,
+    }
+    group = {"min_size": 0, "max_size": GROUP_SIZE, "flavor": "m1.small", "image": "ubuntu-24.04"}
+    group["networks"] = ["cluster-net"]
+    data = {
+        "cluster_name": CLUSTER,
+        "listen": f"127.0.0.1:{port}",
+        "health_listen": f"127.0.0.1:{health}",
+        "tls": setup.tls.server_files(),
+        "openstack": {"auth": auth},
+        "reconcile": {"full_resync_interval": resync} if resync else {},
+        "node_groups": [{"id": name, **group} for name in setup.groups],
+    }
+    path = setup.folder / f"osas-{port}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path, port, health
+
+
+@dataclass
+class Osas:
+    process: subprocess.Popen[bytes]
+    port: int
+    log: Path
+    started: float  # seconds from spawn to SERVING
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        found = []
+        for line in self.log.read_text().splitlines():
+            with suppress(ValueError):
+                event = json.loads(line)
+                if event.get("event") == name:
+                    found.append(event)
+        return found
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+async def start_osas(setup: Setup, name: str, *, resync: str | None = None) -> Osas:
+    config, port, health = osas_config(setup, resync=resync)
+    log = setup.folder / f"{name}.log"
+    spawned = time.perf_counter()
+    with log.open("wb") as stream:
+        process = subprocess.Popen(  # noqa: S603 - our own command, spawned at once
+            [sys.executable, "-m", "osas", "serve", "--config", str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=stream,
+        )
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{health}")
+    stub = health_pb2_grpc.HealthStub(channel)
+    serving = health_pb2.HealthCheckResponse.SERVING
+    try:
+        while True:
+            if process.poll() is not None:
+                tail = "\n".join(log.read_text().splitlines()[-15:])
+                msg = f"osas exited with {process.returncode}; the end of its log:\n{tail}"
+                raise RuntimeError(msg)
+            with suppress(grpc.aio.AioRpcError):
+                if (await stub.Check(health_pb2.HealthCheckRequest(), timeout=1)).status == serving:
+                    break
+            await asyncio.sleep(0.005)
+    finally:
+        await channel.close(None)
+    return Osas(process, port, log, time.perf_counter() - spawned)
+
+
+# -- the client ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Call:
+    method: str
+    request: bytes
+    response: type[Message]
+
+
+@dataclass(frozen=True)
+class Timed:
+    method: str
+    start: float  # wall clock, to match osas's log
+    seconds: float
+
+
+class Client:
+    """CA's side: one mTLS channel, requests serialised beforehand, answers parsed."""
+
+    def __init__(self, port: int, tls: Tls) -> None:
+        credentials = grpc.ssl_channel_credentials(tls.ca, tls.client_key, tls.client_cert)
+        self.channel = grpc.aio.secure_channel(
+            f"127.0.0.1:{port}",
+            credentials,
+            options=[("grpc.max_receive_message_length", 16 * 2**20)],
+        )
+
+    async def call(self, call: Call) -> Message | None:
+        stub = self.channel.unary_unary(
+            f"/{SERVICE}/{call.method}",
+            request_serializer=None,
+            response_deserializer=call.response.FromString,
+        )
+        try:
+            return await stub(call.request, timeout=CA_TIMEOUT)  # type: ignore[no-any-return]
+        except grpc.aio.AioRpcError as error:
+            if error.code() is grpc.StatusCode.UNIMPLEMENTED:
+                return None
+            raise
+
+    async def raw(self, method: str, request: bytes) -> bytes | None:
+        stub = self.channel.unary_unary(
+            f"/{SERVICE}/{method}", request_serializer=None, response_deserializer=None
+        )
+        try:
+            return bytes(await stub(request, timeout=CA_TIMEOUT))
+        except grpc.aio.AioRpcError as error:
+            if error.code() is grpc.StatusCode.UNIMPLEMENTED:
+                return None
+            raise
+
+    async def timed(self, calls: list[Call]) -> list[Timed]:
+        samples = []
+        for call in calls:
+            wall, started = time.time(), time.perf_counter()
+            await self.call(call)
+            samples.append(Timed(call.method, wall, time.perf_counter() - started))
+        return samples
+
+    async def provider_ids(self, group: str) -> list[str]:
+        answer = await self.call(nodes(group))
+        if not isinstance(answer, pb.NodeGroupNodesResponse) or not answer.instances:
+            msg = f"no instances in {group}"
+            raise RuntimeError(msg)
+        return [instance.id for instance in answer.instances]
+
+    async def close(self) -> None:
+        await self.channel.close(None)
+
+
+def for_node(provider_id: str) -> Call:
+    node = pb.ExternalGrpcNode(name=f"node-{provider_id[-12:]}", providerID=provider_id)
+    request = pb.NodeGroupForNodeRequest(node=node).SerializeToString()
+    return Call("NodeGroupForNode", request, pb.NodeGroupForNodeResponse)
+
+
+def target_size(group: str) -> Call:
+    request = pb.NodeGroupTargetSizeRequest(id=group).SerializeToString()
+    return Call("NodeGroupTargetSize", request, pb.NodeGroupTargetSizeResponse)
+
+
+def nodes(group: str) -> Call:
+    request = pb.NodeGroupNodesRequest(id=group).SerializeToString()
+    return Call("NodeGroupNodes", request, pb.NodeGroupNodesResponse)
+
+
+def options(group: str) -> Call:
+    # CA's defaults, as 1.35 sends them (durations in fields 8-10).
+    defaults = pb.NodeGroupAutoscalingOptions(
+        scaleDownUtilizationThreshold=0.5, scaleDownGpuUtilizationThreshold=0.5
+    )
+    defaults.scaleDownUnneededDuration.FromSeconds(600)
+    defaults.scaleDownUnreadyDuration.FromSeconds(1200)
+    defaults.MaxNodeProvisionDuration.FromSeconds(900)
+    request = pb.NodeGroupAutoscalingOptionsRequest(id=group, defaults=defaults)
+    response = pb.NodeGroupAutoscalingOptionsResponse
+    return Call("NodeGroupGetOptions", request.SerializeToString(), response)
+
+
+def template(group: str) -> Call:
+    request = pb.NodeGroupTemplateNodeInfoRequest(id=group).SerializeToString()
+    return Call("NodeGroupTemplateNodeInfo", request, pb.NodeGroupTemplateNodeInfoResponse)
+
+
+def ca_loop(groups: list[str], provider_ids: list[str], count: int, loop: int) -> list[Call]:
+    """One of CA's loops, its calls in CA's order (FACTS.md section 1), over ``count`` nodes."""
+    chosen = [provider_ids[(loop * count + i) % len(provider_ids)] for i in range(count)]
+    calls = [
+        Call("Refresh", pb.RefreshRequest().SerializeToString(), pb.RefreshResponse),
+        Call("NodeGroups", pb.NodeGroupsRequest().SerializeToString(), pb.NodeGroupsResponse),
+    ]
+    calls += [template(group) for group in groups]
+    calls += [nodes(group) for group in groups]
+    calls += [for_node(provider_id) for provider_id in chosen]
+    calls += [target_size(group) for group in groups for _ in range(3)]
+    calls += [options(groups[i % len(groups)]) for i in range(count)]
+    return calls
+
+
+async def replay(
+    client: Client, setup: Setup, provider_ids: list[str], count: int, seconds: float
+) -> list[Timed]:
+    samples: list[Timed] = []
+    deadline = time.perf_counter() + seconds
+    loop = 0
+    while time.perf_counter() < deadline:
+        samples += await client.timed(ca_loop(setup.groups, provider_ids, count, loop))
+        loop += 1
+    return samples
+
+
+# -- figures ------------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else 0.0
+
+
+@dataclass
+class Figure:
+    """One measure over rounds: the samples, and how they compare with a target."""
+
+    kind: Kind
+    samples: list[float] = field(default_factory=list)
+    note: str = ""
+    judged: bool = True
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples) if self.samples else float("nan")
+
+    @property
+    def met(self) -> bool | None:
+        threshold = self.kind.threshold
+        if threshold is None or not self.samples or not self.judged:
+            return None
+        return (
+            self.median >= threshold if self.kind.better == "higher" else self.median <= threshold
+        )
+
+
+@dataclass
+class SizeResult:
+    servers: int
+    groups: int
+    figures: dict[str, Figure] = field(default_factory=dict)
+
+    def add(self, key: str, value: float, note: str = "") -> None:
+        figure = self.figures.get(key)
+        if figure is None:
+            kind = KINDS[key] if key in KINDS else Kind(key.replace("_", " "), "ms")
+            judged = kind.judged_at in {0, self.servers}
+            figure = self.figures[key] = Figure(kind, judged=judged)
+        figure.samples.append(value)
+        figure.note = note or figure.note
+
+
+async def capture_answers(client: Client, group: str, provider_id: str) -> dict[str, str | None]:
+    """osas's own answer bytes for each call the benchmark makes, for the bare server."""
+    calls = [
+        Call("Refresh", pb.RefreshRequest().SerializeToString(), pb.RefreshResponse),
+        Call("NodeGroups", pb.NodeGroupsRequest().SerializeToString(), pb.NodeGroupsResponse),
+        for_node(provider_id),
+        target_size(group),
+        nodes(group),
+        template(group),
+        options(group),
+    ]
+    answers: dict[str, str | None] = {}
+    for call in calls:
+        data = await client.raw(call.method, call.request)
+        answers[call.method] = None if data is None else base64.b64encode(data).decode()
+    return answers
+
+
+async def measure_size(plan: Plan, servers: int, tls: Tls, folder: Path) -> SizeResult:
+    groups = [f"g{i}" for i in range(max(1, -(-servers // GROUP_SIZE)))]
+    result = SizeResult(servers, len(groups))
+    print(f"== {servers:,} servers in {len(groups)} group(s)", flush=True)  # noqa: T201
+    with kit("osas.bench.cloud", "--servers", str(servers), "--groups", str(len(groups))) as sim:
+        setup = Setup(folder, tls, sim, groups)
+        simulator = simulator_listing_seconds(sim)
+        osas = await start_osas(setup, f"osas-{servers}-answers")
+        client = Client(osas.port, tls)
+        try:
+            provider_ids = await client.provider_ids(groups[0])
+            answers = await capture_answers(client, groups[0], provider_ids[0])
+        finally:
+            await client.close()
+            osas.stop()
+        answers_file = folder / f"answers-{servers}.json"
+        answers_file.write_text(json.dumps(answers))
+        bare_files = ["--answers", str(answers_file), "--cert", str(folder / "tls.crt")]
+        bare_files += ["--key", str(folder / "tls.key"), "--client-ca", str(folder / "ca.crt")]
+        with kit("osas.bench.bare", *bare_files) as bare_process:
+            bare = Client(bare_process["port"], tls)
+            try:
+                for round_index in range(plan.rounds):
+                    await one_round(plan, result, setup, bare, round_index, simulator)
+                await resync_phase(plan, result, setup, bare)
+            finally:
+                await bare.close()
+    return result
+
+
+async def one_round(
+    plan: Plan, result: SizeResult, setup: Setup, bare: Client, index: int, simulator: float
+) -> None:
+    osas = await start_osas(setup, f"osas-{result.servers}-{index}")
+    result.add("start_total", osas.started)
+    result.add("start", osas.started - simulator)
+    result.add("start_simulator", simulator)
+    client = Client(osas.port, tls=setup.tls)
+    try:
+        provider_ids = await client.provider_ids(setup.groups[0])
+        await bare.timed(ca_loop(setup.groups, provider_ids, 50, 0))  # both paths warm
+        await client.timed(ca_loop(setup.groups, provider_ids, 50, 0))
+        await paired_calls(plan, result, index, client, bare, setup.groups[0], provider_ids)
+        samples = await replay(client, setup, provider_ids, plan.loop_nodes, plan.idle_seconds)
+        bare_samples = await replay(
+            bare, setup, provider_ids, plan.loop_nodes, plan.idle_seconds / 2
+        )
+        tails(result, samples, bare_samples)
+        result.add("rss_started", rss_mib(osas.process.pid)[0])
+    finally:
+        await client.close()
+        osas.stop()
+
+
+async def paired_calls(
+    plan: Plan,
+    result: SizeResult,
+    index: int,
+    osas: Client,
+    bare: Client,
+    group: str,
+    provider_ids: list[str],
+) -> None:
+    """The hot reads, serially, against osas and bare back to back (taking turns first)."""
+    start = index * plan.for_node_calls
+    chosen = [provider_ids[(start + i) % len(provider_ids)] for i in range(plan.for_node_calls)]
+    size = min(result.servers, GROUP_SIZE)
+    measures = (
+        ("for_node", [for_node(provider_id) for provider_id in chosen], f"{len(chosen)} nodes"),
+        ("target", [target_size(group)] * plan.target_calls, f"group of {size:,}"),
+        ("nodes", [nodes(group)] * plan.nodes_calls, f"group of {size:,}"),
+    )
+    for key, calls, note in measures:
+        clients = [("osas", osas), ("bare", bare)]
+        if index % 2:
+            clients.reverse()
+        seconds: dict[str, list[float]] = {}
+        for name, client in clients:
+            seconds[name] = [t.seconds for t in await client.timed(calls)]
+        if key == "for_node":  # throughput: all the calls
+            ratio = sum(seconds["bare"]) / sum(seconds["osas"])
+        else:
+            ratio = statistics.median(seconds["bare"]) / statistics.median(seconds["osas"])
+        result.add(key, ratio, note)
+        for name in ("osas", "bare"):
+            result.add(f"{key}_p50_{name}", statistics.median(seconds[name]) * 1000)
+
+
+def _light(samples: list[Timed]) -> list[float]:
+    return [t.seconds * 1000 for t in samples if t.method != "NodeGroupNodes"]
+
+
+def _heavy(samples: list[Timed]) -> list[float]:
+    return [t.seconds * 1000 for t in samples if t.method == "NodeGroupNodes"]
+
+
+def tails(result: SizeResult, samples: list[Timed], bare_samples: list[Timed]) -> None:
+    worst = max(samples, key=lambda t: t.seconds if t.method != "NodeGroupNodes" else 0.0)
+    result.add("idle_worst", max(_light(samples)), f"e.g. {worst.method}")
+    result.add("idle_worst_bare", max(_light(bare_samples)))
+    result.add("idle_p99", percentile(_light(samples), 0.99))
+    result.add("idle_p99_bare", percentile(_light(bare_samples), 0.99))
+    result.add("idle_worst_nodes", max(_heavy(samples)))
+    result.add("idle_worst_nodes_bare", max(_heavy(bare_samples)))
+
+
+async def resync_phase(plan: Plan, result: SizeResult, setup: Setup, bare: Client) -> None:
+    """osas resyncing every 20 s under CA's loop: tails during resyncs, traffic, memory."""
+    del bare
+    since = sim_get(setup.sim, "/_bench/log?since=0")["next"]
+    osas = await start_osas(setup, f"osas-{result.servers}-resync", resync="20s")
+    client = Client(osas.port, setup.tls)
+    try:
+        provider_ids = await client.provider_ids(setup.groups[0])
+        began = time.time()
+        samples = await replay(client, setup, provider_ids, plan.loop_nodes, plan.resync_seconds)
+        ended = time.time()
+        rss, peak = rss_mib(osas.process.pid)
+    finally:
+        await client.close()
+        osas.stop()
+    windows = []
+    for event in osas.events("complete listing applied"):
+        end = datetime.fromisoformat(event["timestamp"]).timestamp()
+        start = end - float(event["seconds"])
+        if start >= began:
+            windows.append((start, end))
+    light = [t for t in samples if t.method != "NodeGroupNodes"]
+
+    def overlaps(t: Timed, start: float, end: float) -> bool:
+        return t.start < end and t.start + t.seconds > start
+
+    busy = [t.seconds * 1000 for t in light if any(overlaps(t, *w) for w in windows)]
+    calm = [t.seconds * 1000 for t in light if not any(overlaps(t, *w) for w in windows)]
+    for start, end in windows:
+        inside = [t.seconds * 1000 for t in light if overlaps(t, start, end)]
+        if inside:
+            result.add("resync_worst", max(inside))
+        result.add("resync_seconds", end - start)
+    if busy and calm:
+        result.add("resync_p99", percentile(busy, 0.99) / percentile(calm, 0.99))
+        result.add("resync_p999", percentile(busy, 0.999) / percentile(calm, 0.999))
+    result.add("rss", rss)
+    result.add("rss_peak", peak)
+    traffic(result, setup.sim, since, (began, ended), len(windows))
+
+
+def traffic(
+    result: SizeResult, sim: dict[str, Any], since: int, span: tuple[float, float], resyncs: int
+) -> None:
+    """Nova's requests and bytes per minute at the default intervals (10 s incremental, 5 min
+    complete), from what one incremental and one complete sync cost in this run."""
+    entries = list(sim_get(sim, f"/_bench/log?since={since}")["entries"])
+    entries = [e for e in entries if span[0] <= e[0] <= span[1]]
+    incremental = [e[5] for e in entries if e[2] == "GET" and "changes-since" in e[3]]
+    other = [e[5] for e in entries if not (e[2] == "GET" and "changes-since" in e[3])]
+    if not resyncs or not incremental:
+        return
+    # A complete resync makes one changes-since listing too: counted with the incremental.
+    per_incremental = statistics.mean(incremental)
+    per_resync = sum(other) / resyncs + per_incremental
+    result.add("nova_bytes", (6 * per_incremental + per_resync / 5) / 1e6)
+    result.add("nova_requests", 6 + (len(other) / resyncs + 1) / 5)
+    result.add("nova_resync_bytes", per_resync / 1e6)
+    result.add("nova_incremental_bytes", per_incremental / 1e6)
+
+
+async def measure_creates(plan: Plan, tls: Tls, folder: Path) -> Figure:
+    """IncreaseSize(100) at the default settings: time until Nova holds 100 more servers."""
+    groups = [f"c{i}" for i in range(plan.create_rounds)]
+    figure = Figure(KINDS["creates"])
+    peaks = []
+    with kit("osas.bench.cloud", "--servers", "0") as sim:
+        osas = await start_osas(Setup(folder, tls, sim, groups), "osas-creates")
+        client = Client(osas.port, tls)
+        try:
+            for group in groups:
+                # A scale-up from a quiet start: the rate limit's bucket full again.
+                await asyncio.sleep(3)
+                sim_get(sim, "/_bench/creates")
+                request = pb.NodeGroupIncreaseSizeRequest(id=group, delta=CREATES)
+                increase = Call(
+                    "NodeGroupIncreaseSize",
+                    request.SerializeToString(),
+                    pb.NodeGroupIncreaseSizeResponse,
+                )
+                started = time.perf_counter()
+                await client.call(increase)
+                while sim_get(sim, f"/_bench/count?group={group}")["count"] < CREATES:
+                    await asyncio.sleep(0.01)
+                figure.samples.append(time.perf_counter() - started)
+                peaks.append(sim_get(sim, "/_bench/creates")["peak"])
+        finally:
+            await client.close()
+            osas.stop()
+    figure.note = f"at most {max(peaks)} creates at Nova at once"
+    return figure
+
+
+def machine() -> dict[str, str]:
+    cpu = platform.processor() or "unknown"
+    with suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.partition(":")[2].strip()
+                break
+    return {
+        "cpu": cpu,
+        "cores": str(os.cpu_count()),
+        "python": platform.python_version(),
+        "grpcio": grpc.__version__,
+        "system": f"{platform.system()} {platform.release()}",
+        "date": datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+    }
+
+
+async def run(plan: Plan, out: Path) -> None:
+    with tempfile.TemporaryDirectory(prefix="osas-bench-") as temporary:
+        folder = Path(temporary)
+        tls = Tls.make(folder)
+        results = [await measure_size(plan, size, tls, folder) for size in plan.sizes]
+        creates = await measure_creates(plan, tls, folder)
+    write_report(out, machine(), dataclasses.asdict(plan), results, creates)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="osas bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1k and 5k servers, 2 rounds")
+    parser.add_argument("--sizes", help="comma-separated server counts (default 1000,10000,50000)")
+    parser.add_argument("--rounds", type=int, help="rounds per size (default 5)")
+    parser.add_argument("--out", type=Path, default=Path("docs/BENCHMARKS.md"))
+    args = parser.parse_args(argv)
+    plan = QUICK if args.quick else FULL
+    if args.sizes:
+        plan = dataclasses.replace(plan, sizes=tuple(int(s) for s in args.sizes.split(",")))
+    if args.rounds:
+        plan = dataclasses.replace(plan, rounds=args.rounds)
+    asyncio.run(run(plan, args.out))
+    print(f"written: {args.out}")  # noqa: T201
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""What the OpenStack adapter records: every request, by service, operation and outcome."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from osas.cloud.errors import (
+    CloudConfigurationError,
+    CloudError,
+    CloudUnavailable,
+    CreateInDoubt,
+    CreateNotSent,
+    QuotaExceeded,
+    RequestRejected,
+)
+
+# Most specific first: CreateInDoubt and CreateNotSent are also CloudUnavailable.
+_STATUS_OF_ERROR: tuple[tuple[type[CloudError], str], ...] = (
+    (CreateInDoubt, "in_doubt"),
+    (CreateNotSent, "not_sent"),
+    (CloudUnavailable, "unavailable"),
+    (QuotaExceeded, "quota"),
+    (RequestRejected, "rejected"),
+    (CloudConfigurationError, "configuration"),
+)
+STATUSES = ("ok", *(status for _, status in _STATUS_OF_ERROR), "error")
+
+# From a cached look-up (milliseconds) to a create Nova takes its time over.
+_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def status_of(error: CloudError | None) -> str:
+    """The ``status`` label of a request that ended with ``error`` (None: it succeeded)."""
+    if error is None:
+        return "ok"
+    return next((status for cls, status in _STATUS_OF_ERROR if isinstance(error, cls)), "error")
+
+
+class CloudMetrics:
+    """OpenStack requests as the adapter made them (each attempt of a retried call counts)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "osas_openstack_requests",
+            "OpenStack API calls made, by service, operation and outcome (ok, or the error "
+            "class: unavailable, quota, rejected, configuration, in_doubt, not_sent, error).",
+            ["service", "operation", "status"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "osas_openstack_request_duration_seconds",
+            "How long OpenStack API calls took, waiting for a thread included, by service "
+            "and operation.",
+            ["service", "operation"],
+            buckets=_BUCKETS,
+            registry=registry,
+        )
+
+    def observe(
+        self, service: str, operation: str, error: CloudError | None, seconds: float
+    ) -> None:
+        self.requests.labels(service, operation, status_of(error)).inc()
+        self.latency.labels(service, operation).observe(seconds)

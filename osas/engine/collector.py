@@ -1,0 +1,132 @@
+"""The engine's state as Prometheus gauges, read from the inventory when Prometheus scrapes,
+never kept up to date on every change: servers by group and state, targets and sizes, creates
+in hand, queue and workers, inventory age, servers in a problem state."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from osas.domain.inventory import Inventory
+from osas.domain.problems import Problem
+from osas.domain.specs import ClusterSpec
+from osas.engine.queue import TaskQueue
+from osas.engine.reconciler import Reconciler
+from osas.engine.status import CREATE_STATES, SERVER_STATES, Census
+
+
+def _gauge(name: str, documentation: str, labels: list[str] | None = None) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, labels=labels)
+
+
+class EngineCollector(Collector):
+    """The engine's state, read when Prometheus scrapes (on the event loop, between syncs:
+    the inventory is never seen half-updated)."""
+
+    def __init__(
+        self,
+        *,
+        cluster: ClusterSpec,
+        inventory: Inventory,
+        queue: TaskQueue,
+        reconciler: Reconciler,
+        census: Census,
+        workers: int,
+        clock: Callable[[], float],
+    ) -> None:
+        self._cluster = cluster
+        self._inventory = inventory
+        self._queue = queue
+        self._reconciler = reconciler
+        self._census = census
+        self._workers = workers
+        self._clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._groups()
+        yield from self._work()
+        inventory = self._inventory
+        age = _gauge(
+            "osas_inventory_age_seconds",
+            "Seconds since the last successful listing of the cloud (absent before the first).",
+        )
+        seconds = inventory.age(self._clock())
+        if seconds is not None:
+            age.add_metric([], seconds)
+        yield age
+        problems = _gauge(
+            "osas_server_problems",
+            "Servers in a problem state now (error, build-stuck, delete-stuck, "
+            "unconfigured-group), by node group; osas never deletes them on its own.",
+            ["group", "problem"],
+        )
+        counts = self._reconciler.problems.counts()
+        groups = {spec.group_id for spec in self._cluster.node_groups}
+        groups.update(group for group, _ in counts)
+        for group in sorted(groups):
+            for problem in Problem:
+                problems.add_metric([group, problem.value], counts.get((group, problem), 0))
+        yield problems
+
+    def _groups(self) -> Iterator[Metric]:
+        inventory, census = self._inventory, self._census
+        minimum = _gauge("osas_node_group_min_size", "min_size of each node group.", ["group"])
+        maximum = _gauge("osas_node_group_max_size", "max_size of each node group.", ["group"])
+        target = _gauge(
+            "osas_node_group_target_size",
+            "Target size CA is told: servers not being deleted plus creates in hand.",
+            ["group"],
+        )
+        servers = _gauge(
+            "osas_inventory_servers",
+            "Servers of each node group by state: running, creating (BUILD), deleting, "
+            "error (ERROR).",
+            ["group", "state"],
+        )
+        creates = _gauge(
+            "osas_creates_in_hand",
+            "Creates not yet shown as servers, by node group and state: queued, sending, "
+            "in_doubt, created (Nova answered, not listed yet), failed (reported to CA).",
+            ["group", "state"],
+        )
+        in_doubt = _gauge(
+            "osas_creates_in_doubt",
+            "Creates sent whose outcome is unknown, never sent again: waiting for a listing "
+            "to show their server, or the doubt window to pass.",
+            ["group"],
+        )
+        for spec in self._cluster.node_groups:
+            group = spec.group_id
+            minimum.add_metric([group], spec.min_size)
+            maximum.add_metric([group], spec.max_size)
+            if inventory.synced:
+                target.add_metric([group], inventory.target_size(group))
+            states = census.servers(group)
+            for state in SERVER_STATES:
+                servers.add_metric([group, state], states[state])
+            in_hand = census.creates(group)
+            for state in CREATE_STATES:
+                creates.add_metric([group, state], in_hand[state])
+            in_doubt.add_metric([group], in_hand["in_doubt"])
+        yield from (minimum, maximum, target, servers, creates, in_doubt)
+
+    def _work(self) -> Iterator[Metric]:
+        queue = self._queue
+        depth = _gauge("osas_queue_depth", "Tasks queued, by kind (create, delete).", ["kind"])
+        deletes = queue.queued_deletes()
+        depth.add_metric(["create"], len(queue) - deletes)
+        depth.add_metric(["delete"], deletes)
+        yield depth
+        capacity = _gauge("osas_queue_capacity", "Tasks the queue holds at most (queue.capacity).")
+        capacity.add_metric([], queue.capacity)
+        yield capacity
+        busy = _gauge("osas_workers_busy", "Tasks being worked on now.")
+        busy.add_metric([], queue.in_hand_count() - len(queue))
+        yield busy
+        workers = _gauge(
+            "osas_workers", "Workers (queue.workers), besides the one that only deletes."
+        )
+        workers.add_metric([], self._workers)
+        yield workers

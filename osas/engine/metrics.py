@@ -1,0 +1,132 @@
+"""What the engine counts where things happen: the ledger's events and delete orders
+(``events.py`` follows every ``Next``), each sync, each problem a server enters. The state
+itself (servers, targets, queue...) is read at scrape time: ``osas.engine.collector``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from osas.domain.ledger import DeleteReason, EventKind, Ledger, Next
+from osas.domain.problems import Problem, ProblemChange
+from osas.domain.specs import ClusterSpec
+
+# The ledger's events that end a create, and the result they count as.
+_CREATE_RESULTS = {
+    EventKind.CREATE_SETTLED: "created",
+    EventKind.CREATE_FAILED: "failed",
+    EventKind.CREATE_GIVEN_UP: "given_up",
+    EventKind.CREATE_VANISHED: "vanished",
+    EventKind.CREATE_DROPPED: "dropped",
+}
+_FAILED = frozenset({EventKind.CREATE_FAILED, EventKind.CREATE_GIVEN_UP})
+SYNC_KINDS = ("full", "incremental")
+# From an empty incremental listing to a complete one of 50,000 servers.
+_SYNC_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class EngineMetrics:
+    """Counters and histograms the engine moves; their labelled children for the configured
+    groups exist from the start, so that they read 0 rather than nothing."""
+
+    def __init__(self, registry: CollectorRegistry, cluster: ClusterSpec, ledger: Ledger) -> None:
+        self._ledger = ledger
+        self.creates_requested = Counter(
+            "osas_creates_requested",
+            "Creates accepted from NodeGroupIncreaseSize, by node group.",
+            ["group"],
+            registry=registry,
+        )
+        self.creates = Counter(
+            "osas_creates",
+            "Creates finished, by node group and result: created (a listing showed the "
+            "server), failed, given_up (in doubt past the window), vanished, dropped "
+            "(queued at shutdown).",
+            ["group", "result"],
+            registry=registry,
+        )
+        self.create_failures = Counter(
+            "osas_create_failures",
+            "Creates reported failed to CA, by node group, error class (1 out of resources, "
+            "99 other) and error code.",
+            ["group", "error_class", "code"],
+            registry=registry,
+        )
+        self.delete_orders = Counter(
+            "osas_delete_orders",
+            "Servers osas set out to delete, by node group and reason: requested (by CA), "
+            "given-up, orphan, duplicate, above-max, resend.",
+            ["group", "reason"],
+            registry=registry,
+        )
+        self.ledger_events = Counter(
+            "osas_ledger_events",
+            "Events of the create/delete lifecycle, by node group and event (the log "
+            "events of the same name).",
+            ["group", "event"],
+            registry=registry,
+        )
+        self.sync_duration = Histogram(
+            "osas_reconcile_duration_seconds",
+            "Successful syncs with OpenStack, by kind (full, incremental).",
+            ["kind"],
+            buckets=_SYNC_BUCKETS,
+            registry=registry,
+        )
+        self.sync_failures = Counter(
+            "osas_reconcile_failures",
+            "Syncs with OpenStack that failed, by kind (full, incremental).",
+            ["kind"],
+            registry=registry,
+        )
+        self.problems_detected = Counter(
+            "osas_server_problems_detected",
+            "Times a server entered a problem state: error, build-stuck, delete-stuck, "
+            "unconfigured-group.",
+            ["problem"],
+            registry=registry,
+        )
+        for kind in SYNC_KINDS:
+            self.sync_duration.labels(kind)
+            self.sync_failures.labels(kind)
+        for problem in Problem:
+            self.problems_detected.labels(problem.value)
+        for spec in cluster.node_groups:
+            group = spec.group_id
+            self.creates_requested.labels(group)
+            for result in _CREATE_RESULTS.values():
+                self.creates.labels(group, result)
+            for reason in DeleteReason:
+                self.delete_orders.labels(group, reason.value)
+            for event in EventKind:
+                self.ledger_events.labels(group, event.value)
+
+    def record_next(self, steps: Next) -> None:
+        for event in steps.events:
+            group = event.group_id
+            self.ledger_events.labels(group, event.kind.value).inc()
+            result = _CREATE_RESULTS.get(event.kind)
+            if result is not None:
+                self.creates.labels(group, result).inc()
+            if event.kind in _FAILED and event.request_id is not None:
+                create = self._ledger.create(event.request_id)
+                error = None if create is None else create.error
+                if error is not None:
+                    error_class = str(int(error.error_class))
+                    self.create_failures.labels(group, error_class, error.code).inc()
+        for order in steps.deletes:
+            self.delete_orders.labels(order.group_id, order.reason.value).inc()
+
+    def record_sync(self, *, full: bool, seconds: float | None) -> None:
+        """A sync that took ``seconds``, or failed (None)."""
+        kind = SYNC_KINDS[0] if full else SYNC_KINDS[1]
+        if seconds is None:
+            self.sync_failures.labels(kind).inc()
+        else:
+            self.sync_duration.labels(kind).observe(seconds)
+
+    def record_problems(self, changes: Iterable[ProblemChange]) -> None:
+        for change in changes:
+            if change.started:
+                self.problems_detected.labels(change.problem.value).inc()

@@ -1,0 +1,276 @@
+"""What osas is doing, for a person: the ``/status`` document of the metrics port, and the
+one-screen table ``osas status`` and the demo print from it.
+
+The document is plain JSON built from the inventory, the queue, the reconciler and the problem
+watch; it is what the metrics say, gathered per node group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio.lowlevel
+
+from osas.domain.inventory import Inventory
+from osas.domain.ledger import CreateState, Ledger
+from osas.domain.problems import Problem
+from osas.domain.servers import Server, classify_fault
+from osas.domain.specs import ClusterSpec
+from osas.engine.queue import TaskQueue
+from osas.engine.reconciler import Reconciler
+
+SERVER_STATES = ("running", "creating", "deleting", "error")
+CREATE_STATES = tuple(state.value.replace("-", "_") for state in CreateState)
+PROBLEMS = tuple(problem.value for problem in Problem)
+# Servers counted between two turns of the event loop (about a millisecond).
+_COUNT_SLICE = 5000
+
+
+def server_state(server: Server, ledger: Ledger) -> str:
+    """The state CA sees a server in (as ``Inventory.instances`` reports it), with ERROR
+    apart: CA sees those as creating with error info."""
+    if ledger.is_deleting(server):
+        return "deleting"
+    if server.status == "ERROR":
+        return "error"
+    if server.status == "BUILD":
+        return "creating"
+    return "running"
+
+
+@dataclass(slots=True)
+class _GroupCount:
+    generation: int
+    states: dict[str, int]
+    # (code, error class) -> (how many, one message)
+    errors: dict[tuple[str, int], tuple[int, str]] = field(default_factory=dict)
+
+
+class Census:
+    """Servers of each group by state, and its ERROR servers by error code, counted when asked
+    (a scrape, a status request) and kept while the group's generation says nothing changed.
+    ``refresh`` counts ahead of a scrape in slices, so that a large group never holds the
+    event loop (and CA's calls) for the whole walk."""
+
+    def __init__(self, inventory: Inventory, group_ids: Iterable[str]) -> None:
+        self._inventory = inventory
+        self._group_ids = tuple(group_ids)
+        self._counts: dict[str, _GroupCount] = {}
+
+    def _fresh(self, group_id: str) -> _GroupCount | None:
+        cached = self._counts.get(group_id)
+        if cached is not None and cached.generation == self._inventory.generation(group_id):
+            return cached
+        return None
+
+    def _add(self, counted: _GroupCount, servers: Iterable[Server]) -> None:
+        ledger = self._inventory.ledger
+        for server in servers:
+            state = server_state(server, ledger)
+            counted.states[state] += 1
+            if state == "error":
+                error = classify_fault(server.fault)
+                key = (error.code, int(error.error_class))
+                seen, _ = counted.errors.get(key, (0, error.message))
+                counted.errors[key] = (seen + 1, error.message)
+
+    def _count(self, group_id: str) -> _GroupCount:
+        cached = self._fresh(group_id)
+        if cached is not None:
+            return cached
+        inventory = self._inventory
+        counted = _GroupCount(inventory.generation(group_id), dict.fromkeys(SERVER_STATES, 0))
+        self._add(counted, inventory.snapshot.of_group(group_id))
+        self._counts[group_id] = counted
+        return counted
+
+    async def refresh(self) -> None:
+        """Count every group that changed, giving the event loop a turn between slices."""
+        inventory = self._inventory
+        for group_id in self._group_ids:
+            if self._fresh(group_id) is not None:
+                continue
+            generation = inventory.generation(group_id)
+            servers = list(inventory.snapshot.of_group(group_id))  # safe across the turns
+            counted = _GroupCount(generation, dict.fromkeys(SERVER_STATES, 0))
+            for start in range(0, len(servers), _COUNT_SLICE):
+                self._add(counted, servers[start : start + _COUNT_SLICE])
+                await anyio.lowlevel.checkpoint()
+            self._counts[group_id] = counted
+
+    def servers(self, group_id: str) -> dict[str, int]:
+        return self._count(group_id).states
+
+    def creates(self, group_id: str) -> dict[str, int]:
+        """Creates in hand by state; not cached (a create taken by a worker changes no
+        generation), and cheap: creates in hand are few."""
+        counts = dict.fromkeys(CREATE_STATES, 0)
+        for create in self._inventory.ledger.creates_of(group_id):
+            counts[create.state.value.replace("-", "_")] += 1
+        return counts
+
+    def failures(self, group_id: str) -> list[dict[str, Any]]:
+        """What CA sees as failed creates: creates that failed, and ERROR servers, by code."""
+        found: dict[tuple[str, int], tuple[int, str]] = dict(self._count(group_id).errors)
+        for create in self._inventory.ledger.failures_of(group_id):
+            if create.error is None:
+                continue
+            key = (create.error.code, int(create.error.error_class))
+            seen, _ = found.get(key, (0, create.error.message))
+            found[key] = (seen + 1, create.error.message)
+        return [
+            {"code": code, "class": error_class, "count": count, "message": message[:200]}
+            for (code, error_class), (count, message) in sorted(found.items())
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class StatusSources:
+    """Everything ``/status`` reads, wired by the app."""
+
+    version: str
+    cluster: ClusterSpec
+    inventory: Inventory
+    queue: TaskQueue
+    reconciler: Reconciler
+    census: Census
+    workers: int
+    clock: Callable[[], float]
+    readiness: Callable[[], str | None]  # None when ready, else why not
+    rejected_certificate_reloads: Callable[[], int]
+
+
+def build_status(sources: StatusSources) -> dict[str, Any]:
+    """The ``/status`` document."""
+    inventory, census, queue = sources.inventory, sources.census, sources.queue
+    age = inventory.age(sources.clock())
+    problems = dict.fromkeys(PROBLEMS, 0)
+    for (_, problem), count in sources.reconciler.problems.counts().items():
+        problems[problem.value] += count
+    groups = []
+    for spec in sources.cluster.node_groups:
+        group_id = spec.group_id
+        groups.append(
+            {
+                "id": group_id,
+                "min_size": spec.min_size,
+                "max_size": spec.max_size,
+                "target_size": inventory.target_size(group_id) if inventory.synced else None,
+                "servers": census.servers(group_id),
+                "creates": census.creates(group_id),
+                "failures": census.failures(group_id),
+            }
+        )
+    sync = sources.reconciler.status
+    not_ready = sources.readiness()
+    return {
+        "version": sources.version,
+        "ready": not_ready is None,
+        "not_ready_reason": not_ready,
+        "inventory_age_seconds": None if age is None else round(age, 1),
+        "syncs": {
+            "full": sync.full_syncs,
+            "incremental": sync.incremental_syncs,
+            "failures": sync.failures,
+            "last_error": sync.last_error,
+        },
+        "queue": {
+            "creates": len(queue) - queue.queued_deletes(),
+            "deletes": queue.queued_deletes(),
+            "capacity": queue.capacity,
+            "workers_busy": queue.in_hand_count() - len(queue),
+            "workers": sources.workers,
+        },
+        "groups": groups,
+        "problems": problems,
+        "rejected_certificate_reloads": sources.rejected_certificate_reloads(),
+    }
+
+
+# -- the table for a person ------------------------------------------------------------------------
+
+_COLUMNS = (
+    ("GROUP", 14),
+    ("MIN", 4),
+    ("TARGET", 7),
+    ("MAX", 5),
+    ("RUNNING", 9),
+    ("CREATING", 9),
+    ("DELETING", 9),
+    ("ERROR", 6),
+    ("QUEUED", 7),
+    ("IN-DOUBT", 9),
+    ("FAILED", 7),
+)
+
+
+def _row(cells: list[str]) -> str:
+    return "".join(
+        cell.ljust(width) if index == 0 else cell.rjust(width)
+        for index, (cell, (_, width)) in enumerate(zip(cells, _COLUMNS, strict=True))
+    ).rstrip()
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    if seconds < 120:  # noqa: PLR2004 - seconds read better up to two minutes
+        return f"{seconds:.0f}s ago"
+    return f"{seconds / 60:.0f}m ago"
+
+
+def render_status(status: dict[str, Any]) -> str:
+    """``/status`` as one screen of text."""
+    ready = "ready" if status["ready"] else f"NOT READY: {status['not_ready_reason']}"
+    syncs = status["syncs"]
+    lines = [
+        f"osas {status['version']}: {ready}",
+        f"last sync {_age(status['inventory_age_seconds'])}; "
+        f"{syncs['full']} full, {syncs['incremental']} incremental, "
+        f"{syncs['failures']} failed"
+        + (f" (last error: {syncs['last_error']})" if syncs["last_error"] else ""),
+        "",
+        _row([name for name, _ in _COLUMNS]),
+    ]
+    failures: list[str] = []
+    for group in status["groups"]:
+        servers, creates = group["servers"], group["creates"]
+        target = group["target_size"]
+        lines.append(
+            _row(
+                [
+                    group["id"],
+                    str(group["min_size"]),
+                    "-" if target is None else str(target),
+                    str(group["max_size"]),
+                    str(servers["running"]),
+                    str(servers["creating"]),
+                    str(servers["deleting"]),
+                    str(servers["error"]),
+                    str(creates["queued"] + creates["sending"]),
+                    str(creates["in_doubt"]),
+                    str(creates["failed"]),
+                ]
+            )
+        )
+        failures += [
+            f"  {group['id']}: {f['count']} x {f['code']} (class {f['class']}): {f['message']}"
+            for f in group["failures"]
+        ]
+    lines.append("")
+    lines.append("failures CA sees:" if failures else "failures CA sees: none")
+    lines += failures
+    queue = status["queue"]
+    lines.append(
+        f"queue: {queue['creates'] + queue['deletes']} of {queue['capacity']} "
+        f"({queue['creates']} creates, {queue['deletes']} deletes); "
+        f"workers busy: {queue['workers_busy']} of {queue['workers']}"
+    )
+    problems = status["problems"]
+    lines.append(
+        "servers needing a person: " + ", ".join(f"{name} {problems[name]}" for name in PROBLEMS)
+    )
+    lines.append(f"certificate reloads refused: {status['rejected_certificate_reloads']}")
+    return "\n".join(lines) + "\n"

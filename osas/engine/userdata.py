@@ -1,0 +1,130 @@
+"""User data for one new server: an inline template or a template file, with variables whose
+values are read from files (a mounted Secret), so that no bootstrap secret ever sits in the
+configuration. Files are read when a create is built and read again only once they changed."""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from string import Template
+from typing import Any
+
+from osas.domain.specs import NodeGroupSpec
+
+# Nova caps user data at 65535 bytes once base64-encoded; a larger file can never fit.
+USER_DATA_MAX = 65535
+BUILTIN_VARIABLES = frozenset({"server_name", "node_group", "cluster_name"})
+
+
+class UserDataError(Exception):
+    """The user data of a create cannot be built. The message names the group, the file and
+    the reason (size, missing, not UTF-8, not JSON), never any of the files' content."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    stamp: tuple[int, int, int, int]
+    text: str
+
+
+class SecretFiles:
+    """Small files read at each use and re-read only when they changed. A Secret update swaps
+    the ``..data`` symlink behind the mounted path, so what ``stat`` sees through the path (inode,
+    device, size, modification time) changes with it."""
+
+    def __init__(self) -> None:
+        self._read: dict[str, _Read] = {}
+
+    def read(self, path: str, what: str) -> str:
+        try:
+            info = Path(path).stat()
+        except FileNotFoundError:
+            raise UserDataError(f"{what}: {path} does not exist") from None
+        except OSError as exc:
+            raise UserDataError(f"{what}: {path} cannot be read: {exc.strerror}") from None
+        stamp = (info.st_ino, info.st_dev, info.st_size, info.st_mtime_ns)
+        cached = self._read.get(path)
+        if cached is not None and cached.stamp == stamp:
+            return cached.text
+        if info.st_size > USER_DATA_MAX:
+            raise UserDataError(
+                f"{what}: {path} is {info.st_size} bytes; user data is at most "
+                f"{USER_DATA_MAX} bytes once base64-encoded"
+            )
+        try:
+            with Path(path).open("rb") as file:
+                raw = file.read(USER_DATA_MAX + 1)
+        except OSError as exc:
+            raise UserDataError(f"{what}: {path} cannot be read: {exc.strerror}") from None
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise UserDataError(f"{what}: {path} is not UTF-8 text (byte {exc.start})") from None
+        self._read[path] = _Read(stamp, text)
+        return text
+
+
+def render_user_data(
+    template: str, *, cluster_name: str, group_id: str, name: str, **variables: str
+) -> str:
+    """``${server_name}``, ``${node_group}``, ``${cluster_name}`` and the given variables filled
+    in; anything else that looks like a placeholder is left as written."""
+    return Template(template).safe_substitute(
+        variables, server_name=name, node_group=group_id, cluster_name=cluster_name
+    )
+
+
+def _in_strings(node: Any, values: dict[str, str]) -> Any:
+    """The JSON document with placeholders filled in its string values only."""
+    if isinstance(node, str):
+        return Template(node).safe_substitute(values)
+    if isinstance(node, list):
+        return [_in_strings(item, values) for item in node]
+    if isinstance(node, dict):
+        return {key: _in_strings(item, values) for key, item in node.items()}
+    return node
+
+
+def build_user_data(
+    spec: NodeGroupSpec, *, cluster_name: str, name: str, files: SecretFiles
+) -> str | None:
+    """The user data of one server of ``spec``, or None when the group has none.
+
+    Raises UserDataError when a file is missing, unreadable or too large, when a ``json``
+    template is not JSON, or when the result exceeds what Nova accepts."""
+    group = spec.group_id
+    if spec.user_data_file is not None:
+        template = files.read(spec.user_data_file, f"node group {group!r}: user_data_file")
+        source = spec.user_data_file
+    elif spec.user_data is not None:
+        template = spec.user_data
+        source = "user_data"
+    else:
+        return None
+    values = {
+        variable: files.read(path, f"node group {group!r}: user_data_vars.{variable}").rstrip(
+            "\r\n"
+        )
+        for variable, path in spec.user_data_vars.items()
+    }
+    values.update(server_name=name, node_group=group, cluster_name=cluster_name)
+    if spec.user_data_format == "json":
+        try:
+            document = json.loads(template)
+        except json.JSONDecodeError as exc:
+            raise UserDataError(
+                f"node group {group!r}: {source} is not JSON: {exc.msg} at line {exc.lineno}, "
+                f"column {exc.colno}"
+            ) from None
+        text = json.dumps(_in_strings(document, values), ensure_ascii=False)
+    else:
+        text = Template(template).safe_substitute(values)
+    encoded = len(base64.b64encode(text.encode()))
+    if encoded > USER_DATA_MAX:
+        raise UserDataError(
+            f"node group {group!r}: the user data from {source} is {encoded} bytes "
+            f"base64-encoded once filled in; Nova accepts {USER_DATA_MAX}"
+        )
+    return text

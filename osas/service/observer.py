@@ -1,0 +1,186 @@
+"""Every CloudProvider call counted, timed, given a request id, and logged when it matters.
+
+``RpcObserver`` wraps each method's handler once. Each call gets a request id, sent back in the
+trailing metadata ``x-request-id`` and bound to the call's log context (so that any line logged
+during the call carries it), and is counted in series made once per method and status code.
+
+One access line (event ``rpc``) is written per mutating call (IncreaseSize, DeleteNodes,
+DecreaseTargetSize, Cleanup) and per refused call, with method, group, code, duration, request
+id, the reason of a refusal, and whatever the controller bound to the call's log context (the
+delta, the target it left...). The reads CA makes per node and per loop (NodeGroupForNode,
+TargetSize, GetOptions, Refresh...) are only counted; UNIMPLEMENTED, which only means "keep your
+defaults", is logged at debug.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import structlog
+from google.protobuf import message_factory
+from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message import DecodeError, Message
+from structlog.contextvars import bind_contextvars, get_contextvars
+
+from osas.service.metrics import MethodMetrics, RpcMetrics
+
+logger = structlog.get_logger("osas.access")
+
+REQUEST_ID_KEY = "x-request-id"
+# Calls that change something (and CA's rare Cleanup): always worth a line.
+LOGGED_METHODS = frozenset(
+    {"NodeGroupIncreaseSize", "NodeGroupDeleteNodes", "NodeGroupDecreaseTargetSize", "Cleanup"}
+)
+_FAULTS = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
+
+if TYPE_CHECKING:
+    # Generic only in the type stubs.
+    Behavior = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
+
+
+def _level(code: grpc.StatusCode) -> int:
+    if code is grpc.StatusCode.OK:
+        return logging.INFO
+    if code is grpc.StatusCode.UNIMPLEMENTED:
+        return logging.DEBUG
+    return logging.ERROR if code in _FAULTS else logging.WARNING
+
+
+@dataclass(slots=True)
+class _Method:
+    name: str
+    metrics: MethodMetrics
+    logged: bool
+    request_class: type[Message]
+    has_group: bool
+
+
+class RequestIds:
+    """Short unique ids: a random prefix per process and a counter (no entropy per call)."""
+
+    def __init__(self) -> None:
+        self._prefix = os.urandom(4).hex()
+        self._counter = itertools.count(1)
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._counter):08x}"
+
+
+class RpcObserver:
+    """Counts, times and logs the unary methods of one service. ``observe`` wraps a method's
+    behaviour once, when the handlers are built: not a gRPC interceptor, whose per-call chain
+    of awaits costs more than a read from the inventory."""
+
+    def __init__(
+        self, service: ServiceDescriptor, metrics: RpcMetrics, *, max_concurrent: int = 256
+    ) -> None:
+        self._ids = RequestIds()
+        # Calls in progress, capped here rather than by grpc.aio's maximum_concurrent_rpcs,
+        # which costs some 8% of a NodeGroupForNode round trip (docs/BENCHMARKS.md).
+        self._max_concurrent = max_concurrent
+        self.in_flight = 0
+        self._methods: dict[str, _Method] = {}
+        for method in service.methods:
+            request_class = message_factory.GetMessageClass(method.input_type)
+            self._methods[method.name] = _Method(
+                name=method.name,
+                metrics=metrics.methods[method.name],
+                logged=method.name in LOGGED_METHODS,
+                request_class=request_class,
+                has_group="id" in method.input_type.fields_by_name,
+            )
+
+    def observe(self, name: str, behavior: Behavior) -> Behavior:
+        """``behavior`` (one method's handler) counted, timed and logged."""
+        method = self._methods[name]
+        series = method.metrics
+        handled = series.handled
+        ids = self._ids
+
+        async def observed(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            request_id = ids.next()
+            # Before the call: an abort sends the status, and these, at once.
+            context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
+            if method.logged:
+                bind_contextvars(request_id=request_id)
+            series.started.inc()
+            begun = time.perf_counter()
+            code = grpc.StatusCode.OK
+            self.in_flight += 1
+            try:
+                if self.in_flight > self._max_concurrent:
+                    await context.abort(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"more than {self._max_concurrent} calls at once (transport."
+                        "max_concurrent_rpcs); try again",
+                    )
+                return await behavior(request, context)
+            except grpc.aio.AbortError:
+                code = context.code() or grpc.StatusCode.UNKNOWN
+                raise
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED
+                raise
+            except Exception:
+                code = grpc.StatusCode.UNKNOWN
+                raise
+            finally:
+                self.in_flight -= 1
+                seconds = time.perf_counter() - begun
+                handled[code].inc()
+                series.latency.observe(seconds)
+                if method.logged or code is not grpc.StatusCode.OK:
+                    _log(
+                        method,
+                        request=request,
+                        context=context,
+                        code=code,
+                        seconds=seconds,
+                        request_id=request_id,
+                    )
+
+        return observed
+
+
+def _group(method: _Method, request: Any) -> str | None:
+    """The node group a request names; decoded again only for the calls that are logged."""
+    if not method.has_group:
+        return None
+    try:
+        message = (
+            method.request_class.FromString(request) if isinstance(request, bytes) else request
+        )
+    except DecodeError:
+        return None
+    return str(getattr(message, "id", "")) or None
+
+
+def _log(
+    method: _Method,
+    *,
+    request: Any,
+    context: grpc.aio.ServicerContext[Any, Any],
+    code: grpc.StatusCode,
+    seconds: float,
+    request_id: str,
+) -> None:
+    # Passed explicitly (not left to the log processors) so that every renderer sees them.
+    fields: dict[str, Any] = get_contextvars()
+    fields.update(
+        method=method.name,
+        group=_group(method, request),
+        code=code.name,
+        duration_ms=round(seconds * 1000, 3),
+        request_id=request_id,
+    )
+    if code is not grpc.StatusCode.OK:
+        fields["reason"] = context.details() or None
+    logger.log(_level(code), "rpc", **fields)

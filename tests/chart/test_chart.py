@@ -1,0 +1,771 @@
+"""The Helm chart, rendered offline for every kind of install (nox -s chart): each object valid
+for Kubernetes 1.27 to the newest schema, osas's configuration accepted by osas's own loader,
+CA's cloud-config as CA reads it and covered by the server certificate, secrets only in
+Secrets, and the values schema refusing what would not work."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytest.importorskip("helm_python", reason="chart tests run in their own venv: nox -s chart")
+pytest.importorskip("kubernetes_validate", reason="chart tests run in their own venv: nox -s chart")
+
+import anyio
+import helm_python as helm
+from chartkit import (
+    CHART,
+    SHIPPED_FILES,
+    chart_copy,
+    documents,
+    find,
+    kinds,
+    notes,
+    render_files,
+    validate,
+)
+from support import Provider, make_config
+
+import osas
+from osas.backend import build_cloud
+from osas.config import NodeGroupConfig, OsasConfig, load_config
+from osas.demo.certs import DemoAuthority
+
+PASSWORD = "s3cret-Passw0rd"
+APP_SECRET = "app-cred-secret-value"
+CLOUDS_YAML = {
+    "clouds": {
+        "openstack": {
+            "auth": {
+                "auth_url": "https://keystone.example:5000/v3",
+                "username": "osas",
+                "password": PASSWORD,
+                "project_name": "k8s",
+                "user_domain_name": "Default",
+                "project_domain_name": "Default",
+            },
+            "region_name": "RegionOne",
+        }
+    }
+}
+ENV = {
+    "OS_AUTH_URL": "https://keystone.example:5000/v3",
+    "OS_AUTH_TYPE": "v3applicationcredential",
+    "OS_APPLICATION_CREDENTIAL_ID": "0123abcd",
+    "OS_APPLICATION_CREDENTIAL_SECRET": APP_SECRET,
+    "OS_REGION_NAME": "RegionOne",
+}
+TWO_GROUPS = [
+    {
+        "id": "workers",
+        "min_size": 1,
+        "max_size": 20,
+        "flavor": "m1.large",
+        "image": "ubuntu-24.04-k8s",
+        "networks": ["cluster-net"],
+        "user_data_file": "/etc/osas/bootstrap/user-data",
+        "user_data_vars": {"join_token": "/etc/osas/bootstrap/token"},
+    },
+    {
+        "id": "gpu",
+        "min_size": 0,
+        "max_size": 4,
+        "flavor": "g1.xlarge",
+        "image": "ubuntu-24.04-k8s",
+        "networks": ["cluster-net"],
+        "labels": {"pool": "gpu"},
+        "user_data_file": "/etc/osas/bootstrap/user-data",
+        "user_data_vars": {"join_token": "/etc/osas/bootstrap/token"},
+    },
+]
+
+# name -> (release name, values): every kind of install the chart supports.
+SCENARIOS: dict[str, tuple[str, dict[str, Any]]] = {
+    "defaults": ("osas", {}),
+    "release-name-and-overrides": (
+        "prod",
+        {"nameOverride": "scaler", "commonLabels": {"team": "platform"}},
+    ),
+    "fullname-override": ("anything", {"fullnameOverride": "cloud-scaler"}),
+    "without-cert-manager": (
+        "osas",
+        {
+            "tls": {
+                "certManager": {"enabled": False},
+                "existingSecret": "my-osas-tls",
+                "clientSecret": "my-ca-client",
+                "clientDnsName": "autoscaler.example",
+            }
+        },
+    ),
+    "own-issuer": (
+        "osas",
+        {"tls": {"certManager": {"issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}},
+    ),
+    "clouds-yaml-from-values": ("osas", {"credentials": {"cloudsYaml": CLOUDS_YAML}}),
+    "clouds-yaml-as-text": ("osas", {"credentials": {"cloudsYaml": yaml.safe_dump(CLOUDS_YAML)}}),
+    "env-from-values": (
+        "osas",
+        {"credentials": {"env": ENV}, "config": {"openstack": {"cloud": None}}},
+    ),
+    "existing-env-secret": (
+        "osas",
+        {
+            "credentials": {"existingSecret": "os-env", "existingSecretFormat": "env"},
+            "config": {"openstack": {"cloud": None}},
+        },
+    ),
+    "ha-story": (
+        "osas",
+        {
+            "priorityClassName": "system-node-critical",
+            "podDisruptionBudget": {"maxUnavailable": 1},
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {
+                                        "key": "node-role.kubernetes.io/control-plane",
+                                        "operator": "Exists",
+                                    }
+                                ]
+                            },
+                            {"matchExpressions": [{"key": "infra", "operator": "Exists"}]},
+                        ]
+                    }
+                },
+                "podAntiAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "weight": 50,
+                            "podAffinityTerm": {
+                                "topologyKey": "kubernetes.io/hostname",
+                                "labelSelector": {
+                                    "matchLabels": {
+                                        "app.kubernetes.io/name": (
+                                            "externalgrpc-cluster-autoscaler"
+                                        )
+                                    }
+                                },
+                            },
+                        }
+                    ]
+                },
+            },
+            "tolerations": [
+                {
+                    "key": "node-role.kubernetes.io/control-plane",
+                    "operator": "Exists",
+                    "effect": "NoSchedule",
+                }
+            ],
+            "topologySpreadConstraints": [
+                {
+                    "maxSkew": 1,
+                    "topologyKey": "topology.kubernetes.io/zone",
+                    "whenUnsatisfiable": "ScheduleAnyway",
+                    "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "osas"}},
+                }
+            ],
+        },
+    ),
+    "network-policy": (
+        "osas",
+        {
+            "networkPolicy": {
+                "enabled": True,
+                "egress": [{"ports": [{"port": 5000}, {"port": 8774}, {"port": 53}]}],
+                "extraIngress": [{"from": [{"podSelector": {"matchLabels": {"debug": "yes"}}}]}],
+            }
+        },
+    ),
+    "custom-ports": (
+        "osas",
+        {
+            "config": {
+                "listen": "0.0.0.0:9443",
+                "health_listen": "[::]:9444",
+                "metrics_listen": "0.0.0.0:9100",
+            },
+            "networkPolicy": {"enabled": True},
+        },
+    ),
+    "metrics-off": (
+        "osas",
+        {"config": {"metrics_listen": None}, "networkPolicy": {"enabled": True}},
+    ),
+    "monitoring": (
+        "osas",
+        {
+            "metrics": {
+                "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+                "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
+                "dashboard": {"enabled": True, "namespace": "monitoring"},
+            }
+        },
+    ),
+    "user-data-from-secrets": (
+        "osas",
+        {
+            "config": {"node_groups": TWO_GROUPS},
+            "userDataSecrets": [
+                {"secretName": "osas-bootstrap", "mountPath": "/etc/osas/bootstrap"}
+            ],
+            "extraEnv": [{"name": "OSAS_QUEUE__WORKERS", "value": "8"}],
+            "extraVolumes": [{"name": "ca-bundle", "configMap": {"name": "keystone-ca"}}],
+            "extraVolumeMounts": [{"name": "ca-bundle", "mountPath": "/etc/ssl/keystone"}],
+            "image": {"digest": "sha256:" + "ab" * 32},
+        },
+    ),
+}
+
+
+@pytest.fixture(scope="session")
+def chart(tmp_path_factory) -> Path:
+    return chart_copy(tmp_path_factory.mktemp("chart"))
+
+
+@pytest.fixture(scope="session")
+def rendered(chart) -> dict[str, tuple[dict[str, str], list[dict[str, Any]]]]:
+    out = {}
+    for scenario, (release, values) in SCENARIOS.items():
+        files = render_files(chart, values, name=release)
+        out[scenario] = (files, documents(files))
+    return out
+
+
+def osas_config(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    config_map = next(o for o in objects if o["kind"] == "ConfigMap" and "osas.yaml" in o["data"])
+    return yaml.safe_load(config_map["data"]["osas.yaml"])
+
+
+def deployment(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return find(objects, "Deployment")
+
+
+def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return deployment(objects)["spec"]["template"]["spec"]["containers"][0]
+
+
+def port_of(address: str) -> int:
+    return int(address.rpartition(":")[2])
+
+
+def ca_cloud_config(objects: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    secret = next(
+        o
+        for o in objects
+        if o["kind"] == "Secret" and o["metadata"]["name"].endswith("-ca-cloud-config")
+    )
+    return secret["metadata"]["name"], yaml.safe_load(secret["stringData"]["cloud-config.yaml"])
+
+
+def load_rendered_config(objects, tmp_path):
+    """The rendered configuration through osas's own loader."""
+    path = tmp_path / "osas.yaml"
+    path.write_text(yaml.safe_dump(osas_config(objects)))
+    return load_config(path)
+
+
+# -- every scenario -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_object_is_valid_for_kubernetes(rendered, scenario):
+    _, objects = rendered[scenario]
+    assert objects
+    for obj in objects:
+        validate(obj)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_object_carries_the_standard_labels(rendered, scenario):
+    release, _ = SCENARIOS[scenario]
+    _, objects = rendered[scenario]
+    for obj in objects:
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/instance"] == release
+        assert labels["helm.sh/chart"] == f"osas-{osas.__version__}"
+        assert "app.kubernetes.io/name" in labels
+        if obj["kind"] != "Pod":  # the helm test pod
+            assert labels["app.kubernetes.io/managed-by"] == "Helm"
+            assert labels["app.kubernetes.io/version"] == osas.__version__
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_the_rendered_configuration_loads_with_osas_own_loader(rendered, scenario, tmp_path):
+    _, objects = rendered[scenario]
+    config = load_rendered_config(objects, tmp_path)
+    assert config.tls is not None
+    assert str(config.tls.cert_file).startswith("/etc/osas/tls/")
+    # Every group carries the label that keeps osas off the nodes it manages.
+    for group in config.node_groups:
+        assert group.labels["osas/node-group"] == group.id
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_ca_cloud_config_parses_as_ca_reads_it_and_the_certificate_covers_it(rendered, scenario):
+    files, objects = rendered[scenario]
+    name, cloud_config = ca_cloud_config(objects)
+    # CA's externalgrpc client unmarshals exactly these keys.
+    assert set(cloud_config) == {"address", "cert", "key", "cacert", "grpc_timeout"}
+    assert re.fullmatch(r"([0-9]+(\.[0-9]+)?(h|m|s|ms))+", cloud_config["grpc_timeout"])
+    host, _, port = cloud_config["address"].rpartition(":")
+    service = find(objects, "Service")
+    assert host == f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+    grpc_port = next(p for p in service["spec"]["ports"] if p["name"] == "grpc")
+    assert int(port) == grpc_port["port"] == port_of(osas_config(objects)["listen"])
+    # osas checks its certificate against the host CA dials, at start and on every renewal.
+    assert host in osas_config(objects)["tls"]["server_names"]
+    certificates = [o for o in objects if o["kind"] == "Certificate"]
+    if certificates:
+        server = next(c for c in certificates if c["metadata"]["name"].endswith("-tls"))
+        assert host in server["spec"]["dnsNames"]
+    for key in ("cert", "key", "cacert"):
+        assert cloud_config[key].startswith("/etc/osas-ca/tls/")
+    # The install notes give the official chart's values with these very names.
+    text = notes(files)
+    assert f"name: {name}" in text
+    assert "cloud-config: /etc/osas-ca/config/cloud-config.yaml" in text
+    assert "cloudProvider: externalgrpc" in text
+    assert "clusterName:" in text
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_ports_come_from_the_configuration(rendered, scenario):
+    _, objects = rendered[scenario]
+    config = osas_config(objects)
+    ports = {p["name"]: p["containerPort"] for p in container(objects)["ports"]}
+    assert ports["grpc"] == port_of(config["listen"])
+    assert ports["health"] == port_of(config["health_listen"])
+    service_ports = {p["name"]: p["port"] for p in find(objects, "Service")["spec"]["ports"]}
+    probes = [container(objects)["livenessProbe"], container(objects)["readinessProbe"]]
+    if config.get("metrics_listen"):
+        assert ports["metrics"] == service_ports["metrics"] == port_of(config["metrics_listen"])
+        assert [p["httpGet"] for p in probes] == [
+            {"path": "/healthz", "port": "metrics"},
+            {"path": "/readyz", "port": "metrics"},
+        ]
+    else:
+        assert "metrics" not in ports
+        assert "metrics" not in service_ports
+        assert [p["grpc"]["port"] for p in probes] == [ports["health"]] * 2
+    assert service_ports["grpc"] == ports["grpc"]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_one_writer_safe_to_evict_and_off_the_managed_nodes(rendered, scenario):
+    _, objects = rendered[scenario]
+    spec = deployment(objects)["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]
+    assert (
+        pod["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "true"
+    )
+    assert pod["spec"]["priorityClassName"].endswith("-critical")
+    terms = pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    avoid = {"key": "osas/node-group", "operator": "DoesNotExist"}
+    assert terms
+    assert all(avoid in term["matchExpressions"] for term in terms)
+    main = container(objects)
+    assert "--config=/etc/osas/config/osas.yaml" in main["args"]
+    assert {"name": "OSAS_CONFIG", "value": "/etc/osas/config/osas.yaml"} in main["env"]
+    assert main["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    for mount in main["volumeMounts"]:
+        assert "subPath" not in mount  # a subPath mount never sees a Secret's update
+    pdb = find(objects, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1  # minAvailable 1 would block every drain
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_no_credential_outside_a_secret(rendered, scenario):
+    files, objects = rendered[scenario]
+    outside = [o for o in objects if o["kind"] != "Secret"]
+    text = yaml.safe_dump_all(outside) + notes(files)
+    for secret in (PASSWORD, APP_SECRET):
+        assert secret not in text
+    assert "auth" not in osas_config(objects).get("openstack", {})
+
+
+# -- particular scenarios -----------------------------------------------------------------------
+
+
+def test_defaults_render_the_expected_objects(rendered):
+    _, objects = rendered["defaults"]
+    assert kinds(objects) == [
+        "Certificate",
+        "Certificate",
+        "Certificate",
+        "ConfigMap",
+        "Deployment",
+        "Issuer",
+        "Issuer",
+        "Pod",
+        "PodDisruptionBudget",
+        "Secret",
+        "Service",
+        "ServiceAccount",
+    ]
+    names = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    assert ("Secret", "osas-ca-cloud-config") in names
+    assert ("Certificate", "osas-client") in names
+    assert ("Certificate", "osas-tls") in names
+
+
+def test_the_lifetime_strategy_survives_renewal(rendered):
+    """A long-lived CA that keeps its key, and a long-lived client certificate that keeps its
+    key: CA's in-memory copies stay valid across osas's server certificate renewals."""
+    _, objects = rendered["defaults"]
+    certificates = {c["metadata"]["name"]: c["spec"] for c in objects if c["kind"] == "Certificate"}
+    ca, server, client = (
+        certificates["osas-ca"],
+        certificates["osas-tls"],
+        certificates["osas-client"],
+    )
+    assert ca["isCA"] is True
+    assert ca["privateKey"]["rotationPolicy"] == "Never"
+    assert ca["duration"] == "87600h"
+    assert client["privateKey"]["rotationPolicy"] == "Never"
+    assert client["duration"] == "17520h"
+    assert client["renewBefore"] == "2160h"
+    assert client["usages"] == ["client auth", "digital signature"]
+    assert server["privateKey"]["rotationPolicy"] == "Always"
+    assert server["issuerRef"]["name"] == client["issuerRef"]["name"] == "osas-ca"
+    # osas accepts exactly the client certificate's identity.
+    allowed = osas_config(objects)["tls"]["allowed_clients"]
+    assert allowed == [f"dns:{name}" for name in client["dnsNames"]]
+
+
+def test_names_follow_release_name_and_overrides(rendered):
+    _, prod = rendered["release-name-and-overrides"]
+    assert deployment(prod)["metadata"]["name"] == "prod-scaler"
+    assert deployment(prod)["metadata"]["labels"]["team"] == "platform"
+    assert find(prod, "Service")["metadata"]["name"] == "prod-scaler"
+    _, custom = rendered["fullname-override"]
+    assert find(custom, "Service")["metadata"]["name"] == "cloud-scaler"
+    _, cloud_config = ca_cloud_config(custom)
+    assert cloud_config["address"] == "cloud-scaler.kube-system.svc:8086"
+
+
+def test_without_cert_manager_the_existing_secrets_are_used(rendered):
+    files, objects = rendered["without-cert-manager"]
+    assert "Certificate" not in kinds(objects)
+    assert "Issuer" not in kinds(objects)
+    volumes = {v["name"]: v for v in deployment(objects)["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "my-osas-tls"
+    assert osas_config(objects)["tls"]["allowed_clients"] == ["dns:autoscaler.example"]
+    assert "name: my-ca-client" in notes(files)
+    test_pod = find(objects, "Pod")
+    secrets = [v["secret"]["secretName"] for v in test_pod["spec"]["volumes"]]
+    assert "my-ca-client" in secrets
+
+
+def test_an_own_issuer_replaces_the_private_ca(rendered):
+    _, objects = rendered["own-issuer"]
+    assert "Issuer" not in kinds(objects)
+    for certificate in (o for o in objects if o["kind"] == "Certificate"):
+        assert certificate["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer"}
+
+
+@pytest.mark.parametrize("scenario", ["clouds-yaml-from-values", "clouds-yaml-as-text"])
+def test_clouds_yaml_from_values_goes_to_a_secret_mounted_for_openstacksdk(rendered, scenario):
+    _, objects = rendered[scenario]
+    secret = find(objects, "Secret", "osas-openstack")
+    clouds = yaml.safe_load(base64.b64decode(secret["data"]["clouds.yaml"]))
+    assert clouds == CLOUDS_YAML
+    main = container(objects)
+    assert {"name": "OS_CLIENT_CONFIG_FILE", "value": "/etc/openstack/clouds.yaml"} in main["env"]
+    volumes = {v["name"]: v for v in deployment(objects)["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["openstack"]["secret"]["secretName"] == "osas-openstack"
+    # No hash of the credentials anywhere a reader of the pod could test guesses against.
+    annotations = deployment(objects)["spec"]["template"]["metadata"]["annotations"]
+    digests = {
+        hashlib.sha256(text.encode()).hexdigest()
+        for text in (yaml.safe_dump(CLOUDS_YAML), json.dumps(CLOUDS_YAML))
+    }
+    assert not any(name.startswith("checksum/credentials") for name in annotations)
+    assert not digests & set(annotations.values())
+
+
+def test_os_variables_from_values_go_to_a_secret_passed_as_environment(rendered):
+    _, objects = rendered["env-from-values"]
+    secret = find(objects, "Secret", "osas-openstack")
+    assert {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} == ENV
+    main = container(objects)
+    assert main["envFrom"] == [{"secretRef": {"name": "osas-openstack"}}]
+    assert "openstack" not in {m["name"] for m in main["volumeMounts"]}
+    assert "cloud" not in osas_config(objects).get("openstack", {})
+
+
+def test_an_existing_env_secret_is_passed_as_environment(rendered):
+    _, objects = rendered["existing-env-secret"]
+    assert container(objects)["envFrom"] == [{"secretRef": {"name": "os-env"}}]
+    assert not [o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == "os-env"]
+
+
+def test_the_ha_story_keeps_user_affinity_and_adds_the_managed_node_rule(rendered):
+    _, objects = rendered["ha-story"]
+    pod = deployment(objects)["spec"]["template"]["spec"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert [e["key"] for e in terms[0]["matchExpressions"]] == [
+        "node-role.kubernetes.io/control-plane",
+        "osas/node-group",
+    ]
+    assert [e["key"] for e in terms[1]["matchExpressions"]] == ["infra", "osas/node-group"]
+    assert "podAntiAffinity" in pod["affinity"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["tolerations"][0]["key"] == "node-role.kubernetes.io/control-plane"
+    assert pod["topologySpreadConstraints"][0]["topologyKey"] == "topology.kubernetes.io/zone"
+
+
+@pytest.mark.parametrize("scenario", ["network-policy", "custom-ports", "metrics-off"])
+def test_network_policy_lets_only_ca_reach_grpc_and_monitoring_reach_metrics(rendered, scenario):
+    _, objects = rendered[scenario]
+    policy = find(objects, "NetworkPolicy")["spec"]
+    grpc_rule, *rest = policy["ingress"]
+    assert grpc_rule["ports"] == [{"port": "grpc", "protocol": "TCP"}]
+    assert grpc_rule["from"][0] == {
+        "podSelector": {
+            "matchLabels": {"app.kubernetes.io/name": "externalgrpc-cluster-autoscaler"}
+        }
+    }
+    test_labels = {
+        k: v for k, v in find(objects, "Pod")["metadata"]["labels"].items() if k != "helm.sh/chart"
+    }
+    assert grpc_rule["from"][1]["podSelector"]["matchLabels"] == test_labels
+    if osas_config(objects).get("metrics_listen"):
+        metrics_rule = rest[0]
+        assert metrics_rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+        assert metrics_rule["from"][0]["namespaceSelector"] == {
+            "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}
+        }
+    else:
+        assert all(r.get("ports") != [{"port": "metrics", "protocol": "TCP"}] for r in rest)
+    if scenario == "network-policy":
+        assert policy["policyTypes"] == ["Ingress", "Egress"]
+        assert rest[-1] == {"from": [{"podSelector": {"matchLabels": {"debug": "yes"}}}]}
+    else:
+        assert policy["policyTypes"] == ["Ingress"]
+
+
+def test_monitoring_objects_come_from_the_shipped_files(rendered, chart):
+    _, objects = rendered["monitoring"]
+    monitor = find(objects, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert (
+        monitor["spec"]["selector"]["matchLabels"] == find(objects, "Service")["spec"]["selector"]
+    )
+    rule = find(objects, "PrometheusRule")
+    shipped = yaml.safe_load((chart / "files" / "prometheus-rules.yaml").read_text())
+    assert rule["spec"]["groups"] == shipped["groups"]
+    dashboard = find(objects, "ConfigMap", "osas-dashboard")
+    assert dashboard["metadata"]["namespace"] == "monitoring"
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert (
+        dashboard["data"]["osas.json"].strip()
+        == (chart / "files" / "grafana-dashboard.json").read_text().strip()
+    )
+
+
+def test_user_data_secrets_are_mounted_as_directories(rendered, tmp_path):
+    _, objects = rendered["user-data-from-secrets"]
+    pod = deployment(objects)["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mount = mounts["/etc/osas/bootstrap"]
+    assert volumes[mount["name"]]["secret"]["secretName"] == "osas-bootstrap"
+    assert "/etc/ssl/keystone" in mounts
+    assert {"name": "OSAS_QUEUE__WORKERS", "value": "8"} in pod["containers"][0]["env"]
+    assert pod["containers"][0]["image"] == "ghcr.io/osas-project/osas@sha256:" + "ab" * 32
+    config = load_rendered_config(objects, tmp_path)
+    for group in config.node_groups:
+        assert str(group.user_data_file).startswith(mount["mountPath"])
+        assert all(str(p).startswith(mount["mountPath"]) for p in group.user_data_vars.values())
+    assert config.node_groups[1].labels == {"pool": "gpu", "osas/node-group": "gpu"}
+
+
+# -- what the chart refuses ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "reason"),
+    [
+        ({"replicaCount": 2}, "/replicaCount"),
+        ({"replicas": 1}, "'replicas' not allowed"),
+        ({"config": {"listen": "8086"}}, "/config/listen"),
+        ({"config": {"insecure": True}}, "'insecure' not allowed"),
+        ({"config": {"tls": {"cert_file": "/x"}}}, "'cert_file' not allowed"),
+        ({"config": {"node_groups": []}}, "/config/node_groups"),
+        ({"config": {"node_groups": [{"id": "a"}]}}, "/config/node_groups/0"),
+        ({"config": {"cluster_name": "My_Cluster"}}, "/config/cluster_name"),
+        ({"config": {"queue": 4}}, "/config/queue"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+        ({"image": {"digest": "latest"}}, "/image/digest"),
+        ({"credentials": {"env": {"PASSWORD": "x"}}}, "'PASSWORD' does not match pattern"),
+        ({"tls": {"certManager": {"caDuration": "10 years"}}}, "/tls/certManager/caDuration"),
+        ({"userDataSecrets": [{"secretName": "b"}]}, "/userDataSecrets/0"),
+        ({"podDisruptionBudget": {"enabled": "yes"}}, "/podDisruptionBudget/enabled"),
+        ({"networkPolicy": {"enabeld": True}}, "'enabeld' not allowed"),
+        ({"clusterAutoscaler": {"podLabels": {"app": 1}}}, "/clusterAutoscaler/podLabels/app"),
+    ],
+)
+def test_the_schema_refuses_values_that_would_not_work(chart, values, reason):
+    with pytest.raises(helm.HelmError) as refused:
+        render_files(chart, values)
+    assert reason in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("values", "reason"),
+    [
+        (
+            {"config": {"openstack": {"auth": {"auth_url": "https://k", "password": PASSWORD}}}},
+            "config.openstack.auth would put OpenStack credentials in a ConfigMap in plain text",
+        ),
+        (
+            {"tls": {"certManager": {"enabled": False}}},
+            "tls.existingSecret is required when tls.certManager.enabled is false",
+        ),
+        (
+            {"credentials": {"cloudsYaml": CLOUDS_YAML, "env": ENV}},
+            "credentials: give cloudsYaml or env, not both",
+        ),
+        ({"credentials": {"existingSecret": ""}}, "credentials: give existingSecret"),
+        ({"credentials": {"env": ENV}}, "remove config.openstack.cloud"),
+        (
+            {"config": {"metrics_listen": None}, "metrics": {"serviceMonitor": {"enabled": True}}},
+            "metrics.serviceMonitor.enabled needs config.metrics_listen",
+        ),
+    ],
+)
+def test_templates_refuse_with_a_clear_message(chart, values, reason):
+    with pytest.raises(helm.HelmError) as refused:
+        render_files(chart, values)
+    assert reason in str(refused.value)
+    assert PASSWORD not in str(refused.value)
+
+
+def test_lint_is_clean(chart):
+    for values in ({}, SCENARIOS["monitoring"][1], SCENARIOS["network-policy"][1]):
+        report = helm.lint(chart, values, strict=True, namespace="kube-system")
+        problems = [m for m in report["messages"] if m["severity"] >= 2]
+        assert not problems, problems
+        assert not report["errors"], report["errors"]
+
+
+# -- the chart and osas in step -----------------------------------------------------------------
+
+
+def test_app_version_is_osas_version():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == osas.__version__
+    assert chart["version"] == osas.__version__
+
+
+def test_schema_config_keys_are_osas_keys():
+    schema = helm.Chart.load(CHART).schema
+    assert schema is not None
+    config = schema["properties"]["config"]["properties"]
+    # The chart is mTLS only: insecure and insecure_non_loopback are left out on purpose.
+    assert set(config) <= set(OsasConfig.model_fields)
+    assert set(OsasConfig.model_fields) - set(config) <= {"insecure", "insecure_non_loopback"}
+    group = config["node_groups"]["items"]["properties"]
+    assert set(group) == set(NodeGroupConfig.model_fields)
+
+
+def test_osas_knows_every_key_the_chart_writes(rendered):
+    _, objects = rendered["defaults"]
+    assert set(osas_config(objects)) <= set(OsasConfig.model_fields)
+
+
+def test_stand_ins_only_for_files_the_chart_lacks(chart):
+    """The test copy gets stand-ins; the chart itself is never given any."""
+    for name in SHIPPED_FILES:
+        assert (chart / name).exists()
+        original = CHART / name
+        if original.exists():
+            assert (chart / name).read_text() == original.read_text()
+
+
+# -- the helm test pod's script, run against a real osas on loopback ------------------------------
+
+
+def test_the_helm_test_script_dials_osas_as_ca_does(rendered, tmp_path):
+    _, objects = rendered["defaults"]
+    pod = find(objects, "Pod")
+    script, cloud_config_path = pod["spec"]["containers"][0]["args"]
+    assert cloud_config_path == "/etc/osas-ca/config/cloud-config.yaml"
+    authority = DemoAuthority()
+    server = authority.issue("localhost")
+    client = authority.issue("cluster-autoscaler.kube-system.svc")
+    for name, data in {
+        "ca.crt": authority.cert_pem,
+        "tls.crt": server.cert_pem,
+        "tls.key": server.key_pem,
+        "client.crt": client.cert_pem,
+        "client.key": client.key_pem,
+    }.items():
+        (tmp_path / name).write_bytes(data)
+    config = make_config(
+        tmp_path,
+        insecure=False,
+        tls={
+            "cert_file": str(tmp_path / "tls.crt"),
+            "key_file": str(tmp_path / "tls.key"),
+            "client_ca_file": str(tmp_path / "ca.crt"),
+            "server_names": ["localhost"],
+        },
+    )
+
+    async def run() -> subprocess.CompletedProcess[str]:
+        provider = Provider(config, build_cloud(config))
+        await provider.start()
+        try:
+            _, ca_config = ca_cloud_config(objects)
+            ca_config.update(
+                address=f"localhost:{provider.app.server.port}",
+                cert=str(tmp_path / "client.crt"),
+                key=str(tmp_path / "client.key"),
+                cacert=str(tmp_path / "ca.crt"),
+            )
+            (tmp_path / "cloud-config.yaml").write_text(yaml.safe_dump(ca_config))
+            ports.append(provider.app.server.port)
+            return await anyio.run_process(
+                [sys.executable, "-c", script, str(tmp_path / "cloud-config.yaml")], check=False
+            )
+        finally:
+            await provider.stop()
+
+    ports: list[int] = []
+    done = anyio.run(run)
+    [port] = ports
+    output = done.stdout.decode()
+    assert done.returncode == 0, output + done.stderr.decode()
+    assert f"health of localhost:{port}: 1" in output  # SERVING
+    assert "node group workers: min 1, max 10" in output
+
+
+def test_a_deep_copy_of_values_is_not_changed_by_rendering(chart):
+    values = copy.deepcopy(SCENARIOS["ha-story"][1])
+    render_files(chart, values)
+    assert values == SCENARIOS["ha-story"][1]

@@ -1,0 +1,60 @@
+"""deploy/: the kustomize base is the chart rendered with deploy/values.yaml, byte for byte, and
+what `kubectl kustomize` makes of the base and the example overlay is valid and loads."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+pytest.importorskip("helm_python", reason="chart tests run in their own venv: nox -s chart")
+pytest.importorskip("kubernetes_validate", reason="chart tests run in their own venv: nox -s chart")
+
+from chartkit import BASE, DEPLOY, find, kustomize, render_base, validate
+
+import osas
+from osas.config import load_config
+
+
+def test_the_base_is_the_chart_rendered():
+    assert BASE.read_text() == render_base(), "deploy/base is stale: run `nox -s manifests`"
+
+
+@pytest.fixture(scope="module", params=["base", "overlays/example"])
+def built(request):
+    objects = kustomize(DEPLOY / request.param)
+    if objects is None:
+        pytest.skip("kubectl is not installed: `kubectl kustomize` cannot run")
+    return request.param, objects
+
+
+def osas_config_of(objects, tmp_path):
+    path = tmp_path / "osas.yaml"
+    path.write_text(find(objects, "ConfigMap", "osas")["data"]["osas.yaml"])
+    return load_config(path)
+
+
+def test_kustomize_output_is_valid(built):
+    _, objects = built
+    for obj in objects:
+        validate(obj)
+
+
+def test_kustomize_output_runs_osas_as_the_chart_does(built, tmp_path):
+    _, objects = built
+    config = osas_config_of(objects, tmp_path)
+    base = osas_config_of(kustomize(DEPLOY / "base"), tmp_path)
+    assert config.tls == base.tls  # what CA dials and presents is the base's
+    pod = find(objects, "Deployment")["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["image"] == f"ghcr.io/osas-project/osas:{osas.__version__}"
+    mounts = [m["mountPath"] for m in container["volumeMounts"]]
+    for group in config.node_groups:
+        assert group.labels["osas/node-group"] == group.id
+        for path in [group.user_data_file, *group.user_data_vars.values()]:
+            if path is not None:
+                assert any(str(path).startswith(m + "/") for m in mounts), path
+    cloud_config = yaml.safe_load(
+        find(objects, "Secret", "osas-ca-cloud-config")["stringData"]["cloud-config.yaml"]
+    )
+    assert cloud_config["address"] == "osas.kube-system.svc:8086"
+    assert cloud_config["address"].partition(":")[0] in config.tls.server_names

@@ -1,0 +1,240 @@
+"""The mechanisms that keep osas fast, pinned without timing anything: syncs that cost what
+they bring, answers reused until their group changes, resyncs applied between turns of the event
+loop, one Keystone token and one look-up per name for every thread. Speed itself is measured by
+the benchmark (`osas bench`, docs/BENCHMARKS.md), not asserted here."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import anyio
+from support import (
+    BIG,
+    CLUSTER,
+    TAG,
+    Provider,
+    ca_client,
+    config_data,
+    make_config,
+    seed_ours,
+    settings_for,
+    write_config,
+)
+
+from osas.cloud.openstack import OpenStackCloud
+from osas.cloud.port import CreateServerRequest
+from osas.config import load_config
+from osas.domain.inventory import Inventory
+from osas.domain.servers import OwnershipMarks
+from osas.engine.queue import TaskQueue
+from osas.engine.reconciler import Reconciler
+from osas.protocol import externalgrpc_pb2 as pb
+from osas.service.servicer import CloudProviderServicer
+from osas.sim import SimulatedOpenStack
+from osas.sim.cloud import FakeCloud
+from osas.sim.model import FakeNova
+
+AN_HOUR_AGO = datetime.now(UTC) - timedelta(hours=1)
+
+
+def seeded(count: int, group: str = "workers") -> FakeNova:
+    """Servers made an hour ago: outside every changes-since window of the tests."""
+    nova = FakeNova()
+    nova.clock = lambda: AN_HOUR_AGO
+    seed_ours(nova, count, group)
+    nova.clock = lambda: datetime.now(UTC)
+    return nova
+
+
+def reconciler_for(tmp_path, cloud, **config) -> tuple[Reconciler, Inventory]:
+    loaded = load_config(write_config(tmp_path, config_data(**config)))
+    cluster = loaded.cluster_spec()
+    inventory = Inventory(cluster)
+    reconciler = Reconciler(cluster, cloud, inventory, TaskQueue(100), loaded.engine_settings())
+    return reconciler, inventory
+
+
+async def test_an_empty_incremental_sync_leaves_the_inventory_as_it_was(tmp_path):
+    reconciler, inventory = reconciler_for(tmp_path, FakeCloud(seeded(50)))
+    await reconciler.reconcile_once(full=True)
+    snapshot = inventory.snapshot
+    servers = {s.server_id: s for s in snapshot.servers()}
+    generations = {g: inventory.generation(g) for g in ("workers", "gpu")}
+
+    steps = await reconciler.reconcile_once(full=False)
+
+    assert reconciler.status.incremental_syncs == 1
+    assert steps.deletes == ()
+    assert steps.events == ()
+    assert {g: inventory.generation(g) for g in ("workers", "gpu")} == generations
+    assert len(snapshot) == 50
+    assert all(snapshot.get(server_id) is server for server_id, server in servers.items())
+
+
+async def test_an_incremental_sync_touches_only_the_groups_it_changes(tmp_path):
+    nova = seeded(10)
+    gpu = seed_ours(nova, 1, group="gpu")[0]
+    reconciler, inventory = reconciler_for(tmp_path, FakeCloud(nova))
+    await reconciler.reconcile_once(full=True)
+    before = {s.server_id: s for s in inventory.snapshot.servers()}
+    generations = {g: inventory.generation(g) for g in ("workers", "gpu")}
+
+    nova.delete_seconds = 60.0  # ACTIVE with task_state deleting for now: listed as changed
+    nova.delete_server(gpu)  # the only change: in the gpu group
+    await reconciler.reconcile_once(full=False)
+
+    assert inventory.generation("workers") == generations["workers"]
+    assert inventory.generation("gpu") > generations["gpu"]
+    workers = [s for s in inventory.snapshot.servers() if s.group_id == "workers"]
+    assert all(before[s.server_id] is s for s in workers)
+
+
+async def test_node_group_nodes_is_serialised_once_per_change_of_its_group(tmp_path):
+    config = make_config(tmp_path)
+    nova = seeded(3)
+    seed_ours(nova, 1, group="gpu")
+    provider = Provider(config, FakeCloud(nova))
+    await provider.start()
+    try:
+        # A servicer over the running app's controller, called as gRPC calls it.
+        servicer = CloudProviderServicer(provider.app.controller)
+
+        async def answer(group: str) -> bytes:
+            served = await servicer.NodeGroupNodes(pb.NodeGroupNodesRequest(id=group), None)
+            return served.SerializeToString()
+
+        first = await answer("workers")
+        assert await answer("workers") is first  # the same bytes object, not rebuilt
+        gpu = await answer("gpu")
+
+        async with ca_client(provider.address) as ca:
+            await ca.increase("gpu", 1)  # a change of another group
+            assert await answer("workers") is first
+            changed = await answer("gpu")
+            assert changed is not gpu
+            assert len(pb.NodeGroupNodesResponse.FromString(changed).instances) == 2
+
+            await ca.increase("workers", 2)  # a change of this group
+            after = await answer("workers")
+            assert after is not first
+            assert len(pb.NodeGroupNodesResponse.FromString(after).instances) == 5
+            assert await answer("workers") is after
+            # What CA receives is what the cache holds.
+            assert len(await ca.nodes("workers")) == 5
+            assert await ca.target_size("workers") == 5
+    finally:
+        await provider.stop()
+
+
+async def test_a_complete_resync_lets_readers_in_between_its_slices(tmp_path):
+    """A reader scheduled while a complete listing of 20,000 servers is compared with the
+    inventory runs before that comparison ends, and only ever sees the inventory before the
+    listing or after it, never a half-applied one."""
+    nova = seeded(20_000, group="big")
+    reconciler, inventory = reconciler_for(tmp_path, FakeCloud(nova), node_groups=[BIG])
+    await reconciler.reconcile_once(full=True)
+    assert inventory.target_size("big") == 20_000
+    for server in nova.live_servers()[:5000]:
+        nova.delete_server(server.server_id)  # behind osas's back: only a complete listing shows
+    seen: list[int] = []
+    resynced = anyio.Event()
+
+    async def reader() -> None:
+        while not resynced.is_set():
+            seen.append(inventory.target_size("big"))
+            await asyncio.sleep(0)
+
+    async def resync() -> None:
+        await reconciler.reconcile_once(full=True)
+        resynced.set()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(resync)
+        group.start_soon(reader)
+
+    assert len(seen) > 3  # the reader had turns while the resync ran
+    assert set(seen) == {20_000}  # and saw the inventory whole, as it was
+    assert inventory.target_size("big") == 15_000
+
+
+async def test_a_resync_fetches_details_only_for_what_it_does_not_know(tmp_path):
+    """Ids come from the brief listing; details only for servers that changed (changes-since)
+    or are new, and a tagged server that is not ours is looked at once."""
+    with SimulatedOpenStack(seeded(30, group="big")) as sim:
+        nova = sim.nova
+        config = load_config(write_config(tmp_path, config_data(node_groups=[BIG])))
+        cluster = config.cluster_spec()
+        inventory = Inventory(cluster)
+        cloud = OpenStackCloud(settings_for(sim))
+        reconciler = Reconciler(cluster, cloud, inventory, TaskQueue(10), config.engine_settings())
+        try:
+            await reconciler.reconcile_once(full=True)
+            assert len(inventory.snapshot) == 30
+            # Made an hour ago behind osas's back: no changes-since listing shows them.
+            nova.clock = lambda: AN_HOUR_AGO
+            new = seed_ours(nova, 2, group="big")
+            stranger = nova.seed(name="x", metadata={"other": "1"}, tags=[TAG]).server_id
+            nova.clock = lambda: datetime.now(UTC)
+            gone = next(iter(inventory.snapshot.servers())).server_id
+            nova.delete_server(gone)
+            sim.calls.clear()
+            sim.history.clear()
+
+            await reconciler.reconcile_once(full=True)
+            assert set(new) <= {s.server_id for s in inventory.snapshot.servers()}
+            assert gone not in inventory.snapshot
+            assert stranger not in inventory.snapshot
+            assert len(inventory.snapshot) == 31
+            # The two new ones and the stranger; and the one left out, confirmed gone (a paged
+            # listing of real Nova can miss a server).
+            assert sim.calls["compute.servers.get"] == 4
+            listings = [e.target for e in sim.history if e.operation == "compute.servers.list"]
+            assert not any("/servers/detail" in t and "changes-since" not in t for t in listings)
+
+            sim.calls.clear()
+            await reconciler.reconcile_once(full=True)
+            assert sim.calls["compute.servers.get"] == 0  # nothing new, the stranger known
+            assert len(inventory.snapshot) == 31
+        finally:
+            await cloud.close()
+
+
+def create_request(index: int) -> CreateServerRequest:
+    request_id = uuid.uuid4().hex
+    marks = OwnershipMarks(CLUSTER)
+    return CreateServerRequest(
+        name=f"n{index}",
+        flavor="m1.small",
+        image="ubuntu-24.04",
+        networks=["cluster-net"],
+        metadata=marks.metadata("workers", request_id),
+        tags=marks.tags(request_id),
+    )
+
+
+async def creates_through_one_cloud(sim: SimulatedOpenStack, count: int) -> dict[str, int]:
+    """Requests other than creates that ``count`` concurrent creates cost, after verify()."""
+    cloud = OpenStackCloud(settings_for(sim, concurrency=8))
+    try:
+        await cloud.verify()
+        sim.calls.clear()
+        await asyncio.gather(*(cloud.create_server(create_request(i)) for i in range(count)))
+        await asyncio.gather(*(cloud.list_server_ids(TAG) for _ in range(count)))
+    finally:
+        await cloud.close()
+    calls = dict(sim.calls)
+    assert calls.pop("compute.servers.create") == count
+    assert calls.pop("compute.servers.list") == count
+    return calls
+
+
+async def test_threads_share_one_token_and_one_look_up_per_name():
+    with SimulatedOpenStack(FakeNova()) as sim:
+        alone = await creates_through_one_cloud(sim, 1)
+        together = await creates_through_one_cloud(sim, 16)
+    # Sixteen creates on eight threads cost the name look-ups of one, and no new token.
+    assert together == alone
+    assert "identity.tokens.create" not in together
+    assert any(operation.startswith("image.") for operation in together)

@@ -1,0 +1,157 @@
+"""The problem watch, without I/O: servers that need a person are reported once when they
+enter a problem state and once when they leave it, and never acted on."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime
+
+from osas.domain.problems import Problem, ProblemSettings, ProblemWatch
+from osas.domain.servers import Fault, Server
+from osas.domain.snapshot import Snapshot
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+CONFIGURED = frozenset({"workers"})
+SETTINGS = ProblemSettings(stuck_build_after=1800.0, stuck_delete_after=600.0)
+
+
+def server(server_id: str, status: str = "ACTIVE", group: str = "workers", **changes) -> Server:
+    made = Server(
+        server_id=server_id,
+        name=f"testc-{group}-{server_id}",
+        group_id=group,
+        status=status,
+        task_state=None,
+        request_id=None,
+        fault=None,
+        created=datetime.fromtimestamp(T0, UTC).isoformat(),
+    )
+    return replace(made, **changes)
+
+
+class World:
+    """A snapshot that listings change, and the watch reviewing it as the reconciler does."""
+
+    def __init__(self) -> None:
+        self.snapshot = Snapshot()
+        self.watch = ProblemWatch(SETTINGS)
+        self.marked: set[str] = set()
+
+    def listing(self, *servers: Server, gone: tuple[str, ...] = ()) -> None:
+        self.snapshot.apply_changes(servers, gone, 0.0)
+        self.watch.observe(servers)
+
+    def review(self, at: float) -> list[tuple[str, str, bool]]:
+        changes = self.watch.review(self.snapshot, self.marked, CONFIGURED, T0 + at)
+        return [(c.problem.value, c.server_id, c.started) for c in changes]
+
+
+def test_healthy_servers_are_no_problem():
+    world = World()
+    world.listing(server("a"), server("b", "BUILD"))
+    assert world.review(0) == []
+    assert world.review(1000) == []
+    assert world.watch.counts() == {}
+
+
+def test_an_error_server_is_told_once_on_entering_and_once_on_leaving():
+    world = World()
+    fault = Fault(500, "No valid host was found. There are not enough hosts available.")
+    world.listing(server("a", "ERROR", fault=fault))
+    changes = world.watch.review(world.snapshot, world.marked, CONFIGURED, T0)
+    assert [(c.problem, c.server_id, c.started) for c in changes] == [(Problem.ERROR, "a", True)]
+    assert changes[0].detail.startswith("NoValidHost: No valid host")
+    assert world.review(60) == []  # still in ERROR: nothing new to say
+    assert world.watch.counts() == {("workers", Problem.ERROR): 1}
+    world.listing(gone=("a",))
+    assert world.review(120) == [("error", "a", False)]
+    assert world.review(180) == []
+    assert world.watch.counts() == {}
+
+
+def test_build_is_stuck_only_past_the_threshold_counted_from_novas_created_time():
+    world = World()
+    world.listing(server("a", "BUILD"))
+    assert world.review(1799) == []
+    assert world.review(1800) == [("build-stuck", "a", True)]
+    assert world.review(2400) == []
+    world.listing(server("a", "ACTIVE"))
+    changes = world.watch.review(world.snapshot, world.marked, CONFIGURED, T0 + 2500)
+    assert [(c.problem.value, c.started, c.detail) for c in changes] == [
+        ("build-stuck", False, "now ACTIVE")
+    ]
+    assert changes[0].lasted == 700
+
+
+def test_a_server_found_in_build_long_after_its_creation_is_stuck_at_once():
+    """After a restart, the server's own creation time counts, not when osas first saw it."""
+    world = World()
+    world.listing(server("a", "BUILD"))
+    assert world.review(4 * 3600) == [("build-stuck", "a", True)]
+
+
+def test_a_delete_that_does_not_finish_is_stuck_until_the_server_goes():
+    world = World()
+    world.listing(server("a"))
+    world.marked.add("a")  # the ledger marked it deleting
+    assert world.review(0) == []
+    assert world.review(599) == []
+    assert world.review(600) == [("delete-stuck", "a", True)]
+    assert world.review(900) == []
+    world.listing(gone=("a",))
+    world.marked.discard("a")
+    assert world.review(960) == [("delete-stuck", "a", False)]
+
+
+def test_novas_own_deleting_state_counts_as_being_deleted():
+    world = World()
+    world.listing(server("a", task_state="deleting"))
+    assert world.review(0) == []
+    assert world.review(700) == [("delete-stuck", "a", True)]
+
+
+def test_a_server_of_a_group_not_configured_is_told_once_and_left_alone():
+    world = World()
+    world.listing(server("a", group="retired"), server("b", group="retired", status="BUILD"))
+    assert world.review(0) == [
+        ("unconfigured-group", "a", True),
+        ("unconfigured-group", "b", True),
+    ]
+    assert world.review(10) == []
+    assert world.watch.counts() == {("retired", Problem.UNCONFIGURED_GROUP): 2}
+    assert "a" in world.snapshot  # never removed by the watch
+    world.listing(gone=("a", "b"))
+    assert world.review(20) == [
+        ("unconfigured-group", "a", False),
+        ("unconfigured-group", "b", False),
+    ]
+
+
+def test_one_server_can_be_in_two_states_each_told_on_its_own():
+    world = World()
+    world.listing(server("a", "ERROR"))
+    assert world.review(0) == [("error", "a", True)]
+    world.marked.add("a")  # CA deletes it, and the delete never finishes
+    assert world.review(10) == []
+    assert world.review(610) == [("delete-stuck", "a", True)]
+    assert world.watch.counts() == {
+        ("workers", Problem.ERROR): 1,
+        ("workers", Problem.DELETE_STUCK): 1,
+    }
+
+
+def test_a_server_forgotten_without_a_listing_leaves_its_state():
+    """Nova's 404 on delete removes a server from the snapshot between listings."""
+    world = World()
+    world.listing(server("a", "ERROR"))
+    assert world.review(0) == [("error", "a", True)]
+    world.snapshot.forget("a")
+    assert world.review(5) == [("error", "a", False)]
+
+
+def test_healthy_servers_are_not_looked_at_again():
+    """The review costs what is building, failing or being deleted, not the cluster size."""
+    world = World()
+    world.listing(*(server(f"s{i}") for i in range(1000)), server("b", "BUILD"))
+    world.review(0)
+    assert world.watch._candidates == {"b"}
