@@ -53,6 +53,20 @@ def nova(session: nox.Session) -> None:
 
 
 @nox.session
+def readme(session: nox.Session) -> None:
+    """The README's "Try it on your machine" commands, verbatim, in a fresh copy."""
+    session.install("-e", ".[test]")  # the test runner and the project's pytest settings
+    session.run(
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "tests/readme",
+        *session.posargs,
+        env={"OSAS_README_TEST": "1"},
+    )
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     """ruff (lint and format) and the layer contract of docs/architecture.md."""
     session.install("-e", ".", "ruff", "import-linter")

@@ -10,20 +10,23 @@ calls run in daemon threads, so nothing holds the process) and the cloud client 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import gc
+import hashlib
 import logging
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, Literal
 
 import anyio
 import structlog
-from prometheus_client import CollectorRegistry, GCCollector, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, GCCollector, ProcessCollector
 
 from osas import __version__
 from osas.cloud.errors import CloudConfigurationError, CloudError
 from osas.cloud.port import Cloud
-from osas.config import OsasConfig
+from osas.config import RELOADABLE, ConfigError, OsasConfig, load_config
 from osas.domain.inventory import Inventory
 from osas.engine.collector import EngineCollector
 from osas.engine.controller import Controller
@@ -119,14 +122,37 @@ async def _guarded(name: str, run: Callable[[], Awaitable[None]]) -> None:
         raise
 
 
+_CONFIG_POLL_SECONDS = 5.0
+
+
+def _digest(path: Path | None) -> str | None:
+    """The configuration file's content, digested; None when it cannot be read (a reload
+    then reports why)."""
+    if path is None:
+        return None
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
 class App:
     """One osas process: inventory, queue, workers, reconciler, controller, gRPC servers, and
     the metrics registry every part records into (give the cloud adapter the same one)."""
 
     def __init__(
-        self, config: OsasConfig, cloud: Cloud, *, registry: CollectorRegistry | None = None
+        self,
+        config: OsasConfig,
+        cloud: Cloud,
+        *,
+        registry: CollectorRegistry | None = None,
+        config_path: Path | None = None,
     ) -> None:
         self.config = config
+        # Watched for changes (and re-read on SIGHUP): the node groups reload without a restart.
+        self.config_path = config_path
+        self._config_digest = _digest(config_path)
+        self._reload_requested = anyio.Event()
         self.cloud = cloud
         self.registry = registry if registry is not None else CollectorRegistry()
         cluster = config.cluster_spec()
@@ -135,6 +161,16 @@ class App:
         self.inventory = Inventory(cluster, config.ledger_settings())
         self.queue = TaskQueue(settings.queue_capacity)
         metrics = EngineMetrics(self.registry, cluster, self.inventory.ledger)
+        self._engine_metrics = metrics
+        self._reloads = Counter(
+            "osas_config_reloads",
+            "Configuration reloads, by result: applied, rejected (the file does not load; the "
+            "configuration in force stays), unchanged.",
+            ["result"],
+            registry=self.registry,
+        )
+        for result in ("applied", "rejected", "unchanged"):
+            self._reloads.labels(result)
         self.reconciler = Reconciler(
             cluster, cloud, self.inventory, self.queue, settings, metrics=metrics
         )
@@ -176,17 +212,16 @@ class App:
 
     def _register_collectors(self) -> None:
         sources, registry = self._status_sources, self.registry
-        registry.register(
-            EngineCollector(
-                cluster=sources.cluster,
-                inventory=self.inventory,
-                queue=self.queue,
-                reconciler=self.reconciler,
-                census=sources.census,
-                workers=sources.workers,
-                clock=anyio.current_time,
-            )
+        self._collector = EngineCollector(
+            cluster=sources.cluster,
+            inventory=self.inventory,
+            queue=self.queue,
+            reconciler=self.reconciler,
+            census=sources.census,
+            workers=sources.workers,
+            clock=anyio.current_time,
         )
+        registry.register(self._collector)
         registry.register(ServiceCollector(self.readiness, self._rejected_reloads))
         register_build_info(registry, __version__)
         ProcessCollector(registry=registry)
@@ -211,6 +246,74 @@ class App:
 
     def stop(self) -> None:
         self._stop.set()
+
+    # -- configuration reload ----------------------------------------------------------------------
+
+    def request_reload(self) -> None:
+        """SIGHUP: read the configuration file again now."""
+        self._reload_requested.set()
+
+    def reload_once(self, *, force: bool = False) -> str:
+        """Read the configuration file; apply it if it changed (or ``force``) and loads.
+        "applied", "unchanged" or "rejected" (the configuration in force stays)."""
+        path = self.config_path
+        if path is None:
+            return "unchanged"
+        digest = _digest(path)
+        if digest == self._config_digest and not force:
+            return "unchanged"
+        self._config_digest = digest
+        try:
+            new = load_config(path)
+        except ConfigError as exc:
+            logger.error(
+                "configuration reload rejected; the configuration in force stays",
+                reason=str(exc),
+            )
+            self._reloads.labels("rejected").inc()
+            return "rejected"
+        restart_only = self.config.restart_only_changes(new)
+        if restart_only:
+            logger.warning(
+                "configuration changes that need a restart are not applied",
+                keys=restart_only,
+            )
+        self.use_cluster(new)
+        self._reloads.labels("applied").inc()
+        logger.info(
+            "configuration reloaded",
+            node_groups=[spec.id for spec in new.node_groups],
+            restart_needed=restart_only,
+        )
+        return "applied"
+
+    def use_cluster(self, config: OsasConfig) -> None:
+        """Apply the reloadable part of ``config`` (its cluster spec) to every part at once:
+        nothing here awaits, so no call sees one part changed and another not."""
+        cluster = config.cluster_spec()
+        self.config = self.config.model_copy(
+            update={name: getattr(config, name) for name in RELOADABLE}
+        )
+        self.controller.use_cluster(cluster)
+        self.workers.use_cluster(cluster)
+        self.reconciler.use_cluster(cluster)  # the ledger too, and a nudge for new flavors
+        self._engine_metrics.add_groups(cluster)
+        self._collector.use_cluster(cluster)
+        group_ids = [spec.group_id for spec in cluster.node_groups]
+        self._status_sources.census.use_groups(group_ids)
+        self._status_sources = dataclasses.replace(self._status_sources, cluster=cluster)
+
+    async def run_config_watcher(self) -> None:
+        """Reload when the file's content changes (a ConfigMap update swaps a symlink, so the
+        content is compared, not the modification time), or at once on SIGHUP."""
+        while True:
+            with anyio.move_on_after(_CONFIG_POLL_SECONDS):
+                await self._reload_requested.wait()
+            forced = self._reload_requested.is_set()
+            self._reload_requested = anyio.Event()
+            result = self.reload_once(force=forced)
+            if result == "unchanged" and forced:
+                self._reloads.labels("unchanged").inc()
 
     async def _first_sync(self) -> None:
         """Check the cloud and list it; retried until OpenStack answers. A cloud that cannot be
@@ -260,6 +363,8 @@ class App:
         gc.freeze()
         background.start_soon(_guarded, "workers", self._run_workers)
         background.start_soon(_guarded, "reconciler", self.reconciler.run_reconciler)
+        if self.config_path is not None:
+            background.start_soon(_guarded, "config watcher", self.run_config_watcher)
         await self.server.set_serving()
         self.serving.set()
 

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from osas.backend import build_cloud
 from osas.check import EXIT_CLOUD, EXIT_CONFIG, EXIT_FAILED, EXIT_TLS, check_config
 from osas.cloud.errors import CloudError
 from osas.config import CONFIG_ENV, ConfigError, OsasConfig, load_config
+from osas.demo.certs import CLIENT_NAME, write_local_certs
 from osas.demo.session import main as run_demo
 from osas.engine.status import render_status
 from osas.service.ops_server import fetch_status
@@ -139,6 +141,19 @@ def _parser() -> argparse.ArgumentParser:
         default=0.0,
         help="how long a deleted server stays ACTIVE with task_state 'deleting' (real Nova: 0.5-2)",
     )
+    certs = commands.add_parser(
+        "certs",
+        help="certificates for a local try: a CA, osas's server certificate, CA's client one",
+    )
+    certs.add_argument("--out", type=Path, required=True, help="the folder to write them to")
+    certs.add_argument(
+        "--name",
+        action="append",
+        default=[],
+        help="another DNS name or IP address the server certificate covers (repeatable); "
+        "localhost and 127.0.0.1 always are",
+    )
+    certs.add_argument("--days", type=int, default=30, help="how long they are valid")
     status = commands.add_parser(
         "status",
         help="what a running osas is doing, read from /status on its metrics_listen",
@@ -153,6 +168,13 @@ def _parser() -> argparse.ArgumentParser:
         help=f"or the configuration, to find metrics_listen in (default: ${CONFIG_ENV})",
     )
     status.add_argument("--json", action="store_true", help="print the /status document")
+    status.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait up to this long for osas to answer and be ready (for scripts)",
+    )
     commands.add_parser("demo", help="a Cluster Autoscaler session against a simulated cloud")
     bench = commands.add_parser(
         "bench", help="osas against the bare gRPC limit at 1k-50k servers (osas bench --help)"
@@ -161,18 +183,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _serve(config: OsasConfig) -> None:
+async def _serve(config: OsasConfig, path: Path | None = None) -> None:
     # Built inside the event loop: grpc.aio binds its servers to the running loop. One
     # registry for the app and the cloud adapter: both record into it.
     registry = CollectorRegistry()
-    app = App(config, build_cloud(config, registry), registry=registry)
+    app = App(config, build_cloud(config, registry), registry=registry, config_path=path)
     async with anyio.create_task_group() as group:
         group.start_soon(app.run)
 
         async def stop_on_signal() -> None:
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            signals_wanted = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+            with anyio.open_signal_receiver(*signals_wanted) as signals:
                 async for signum in signals:
                     logger.info("signal received", signal=signal.Signals(signum).name)
+                    if signum == signal.SIGHUP:
+                        app.request_reload()
+                        continue
                     app.stop()
                     return
 
@@ -185,7 +211,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         message = f"configuration error: give --config FILE or set {CONFIG_ENV}"
         return StartupFailure("config", EXIT_CONFIG, message).report()
     try:
-        anyio.run(_serve, load_config(args.config))
+        anyio.run(_serve, load_config(args.config), args.config)
     except BaseException as error:  # sorted below; interrupts are re-raised
         failures = [startup_failure(leaf) for leaf in _leaves(error)]
         known = [failure for failure in failures if failure is not None]
@@ -235,11 +261,19 @@ def _cmd_status(args: argparse.Namespace) -> int:
             sys.stderr.write(f"osas status: {args.config} sets no metrics_listen; give --url\n")
             return EXIT_CONFIG
         url = status_url(config.metrics_listen)
-    try:
-        status = fetch_status(url)
-    except (OSError, ValueError) as exc:
-        sys.stderr.write(f"osas status: no answer from {url}/status: {exc}\n")
-        return EXIT_CLOUD
+    deadline = time.monotonic() + args.wait
+    while True:
+        try:
+            status = fetch_status(url)
+        except (OSError, ValueError) as exc:
+            if time.monotonic() < deadline:
+                time.sleep(0.5)
+                continue
+            sys.stderr.write(f"osas status: no answer from {url}/status: {exc}\n")
+            return EXIT_CLOUD
+        if status.get("ready") or time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
     sys.stdout.write(json.dumps(status, indent=1) + "\n" if args.json else render_status(status))
     return 0 if status.get("ready") else 1
 
@@ -247,6 +281,28 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _cmd_sim(args: argparse.Namespace) -> int:
     configure_logging("info", "console")
     run_sim(args.port, args.clouds_yaml, args.build_seconds, delete_seconds=args.delete_seconds)
+    return 0
+
+
+def _cmd_certs(args: argparse.Namespace) -> int:
+    names = tuple(dict.fromkeys(("localhost", "127.0.0.1", *args.name)))
+    written = write_local_certs(args.out, names, args.days)
+    out = args.out
+    sys.stdout.write(
+        f"wrote {', '.join(str(p) for p in written)}\n"
+        f"server certificate for {', '.join(names)}; client certificate for {CLIENT_NAME};\n"
+        f"valid {args.days} days. For a local try, not for production (docs/install.md).\n\n"
+        "osas's configuration:\n"
+        "tls:\n"
+        f"  cert_file: {out / 'tls.crt'}\n"
+        f"  key_file: {out / 'tls.key'}\n"
+        f"  client_ca_file: {out / 'ca.crt'}\n\n"
+        "the Cluster Autoscaler's cloud-config:\n"
+        "address: localhost:8086\n"
+        f"cert: {out / 'client.crt'}\n"
+        f"key: {out / 'client.key'}\n"
+        f"cacert: {out / 'ca.crt'}\n"
+    )
     return 0
 
 
@@ -259,14 +315,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_bench(arguments[1:])
     args = _parser().parse_args(arguments)
-    if args.command == "serve":
-        return _cmd_serve(args)
-    if args.command == "check-config":
-        return _cmd_check(args)
-    if args.command == "sim":
-        return _cmd_sim(args)
-    if args.command == "status":
-        return _cmd_status(args)
+    commands = {
+        "serve": _cmd_serve,
+        "check-config": _cmd_check,
+        "sim": _cmd_sim,
+        "status": _cmd_status,
+        "certs": _cmd_certs,
+    }
+    command = commands.get(args.command)
+    if command is not None:
+        return command(args)
     # The demo narrates on stdout; expected refusals (the quota step) need no log lines.
     configure_logging("error", "console")
     return run_demo()

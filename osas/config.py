@@ -68,6 +68,13 @@ _PORT_MAX = 65535
 _RESERVED_METADATA = frozenset({META_CLUSTER, META_GROUP, META_REQUEST})
 
 
+# What a reload applies without a restart: the node groups and what CA reads of them. The rest
+# (listen addresses, TLS paths — their files rotate anyway —, OpenStack, intervals, queue,
+# cluster name, provider id form) would be unsafe or meaningless to change under a running
+# process.
+RELOADABLE = frozenset({"node_groups", "gpu_label", "gpu_types", "pricing"})
+
+
 class ConfigError(Exception):
     """The configuration cannot be used; the message names the file, the key and the reason."""
 
@@ -477,6 +484,12 @@ class OsasConfig(BaseSettings):
                 raise ValueError(f"duplicate node group id {group.id!r}")
             seen.add(group.id)
         return self
+
+    def restart_only_changes(self, other: OsasConfig) -> list[str]:
+        """The top-level keys ``other`` changes that a reload cannot apply (only
+        ``RELOADABLE`` keys can): listen addresses, TLS paths, OpenStack, intervals..."""
+        names = [name for name in type(self).model_fields if name not in RELOADABLE]
+        return [name for name in names if getattr(self, name) != getattr(other, name)]
 
     def cluster_spec(self) -> ClusterSpec:
         return ClusterSpec(

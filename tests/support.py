@@ -125,11 +125,16 @@ class Provider:
     """An osas App running in the test's event loop, served on 127.0.0.1."""
 
     def __init__(
-        self, config: OsasConfig, cloud: Cloud, registry: CollectorRegistry | None = None
+        self,
+        config: OsasConfig,
+        cloud: Cloud,
+        registry: CollectorRegistry | None = None,
+        *,
+        config_path: Path | None = None,
     ) -> None:
         self.config = config
         self.cloud = cloud
-        self.app = App(config, cloud, registry=registry)
+        self.app = App(config, cloud, registry=registry, config_path=config_path)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self, *, wait_serving: bool = True) -> None:

@@ -8,13 +8,15 @@ import subprocess
 import sys
 import time
 
+import anyio
 import grpc
 import openstack
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from support import config_data, osas_serve, read_events, write_config
+from support import config_data, make_config, osas_serve, read_events, running, write_config
 
 from osas import __version__
+from osas.demo.client import ClientTls, connect
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.protocol import externalgrpc_pb2_grpc as pb_grpc
 from osas.sim import SimulatedOpenStack
@@ -141,3 +143,29 @@ def test_sim_command_serves_and_writes_clouds_yaml(tmp_path, monkeypatch):
         process.wait(timeout=20)
         assert process.stdout is not None
         process.stdout.close()
+
+
+async def test_osas_certs_make_a_working_mtls_pair(tmp_path):
+    """`osas certs`: osas serves mTLS with them, and a client with CA's files gets in."""
+    out = tmp_path / "certs"
+    result = await anyio.run_process(
+        [sys.executable, "-m", "osas", "certs", "--out", str(out)], check=True
+    )
+    stdout = result.stdout.decode()
+    assert f"cert_file: {out / 'tls.crt'}" in stdout
+    assert oct((out / "tls.key").stat().st_mode & 0o777) == "0o600"
+    tls = {
+        "cert_file": str(out / "tls.crt"),
+        "key_file": str(out / "tls.key"),
+        "client_ca_file": str(out / "ca.crt"),
+        "server_names": ["localhost"],
+    }
+    config = make_config(tmp_path, insecure=False, tls=tls)
+    async with running(config) as provider:
+        client = ClientTls(
+            (out / "ca.crt").read_bytes(),
+            (out / "client.crt").read_bytes(),
+            (out / "client.key").read_bytes(),
+        )
+        async with connect(f"localhost:{provider.app.server.port}", client) as ca:
+            assert {g.id for g in await ca.node_groups()} == {"workers", "gpu"}

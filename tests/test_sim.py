@@ -954,7 +954,11 @@ def test_run_sim_serves_until_stopped_and_writes_clouds_yaml(tmp_path, capsys, m
                 break
             stop.wait(0.02)
         assert out.startswith("osas sim: keystone at http://127.0.0.1:")
-        auth_url = out.split(" at ", 1)[1].strip()
+        auth_url = out.splitlines()[0].split(" at ", 1)[1].strip()
+        # What a newcomer needs to write osas's configuration: the cloud and what it offers.
+        assert f"cloud name: osas-sim (written to {clouds}" in out
+        for offered in ("m1.small", "ubuntu-24.04", "cluster-net", "workers-anti-affinity"):
+            assert offered in out
         document = yaml.safe_load(clouds.read_text())
         assert document["clouds"]["other"] == {"region_name": "X"}
         entry = document["clouds"]["osas-sim"]

@@ -44,6 +44,9 @@ class EngineCollector(Collector):
         self._workers = workers
         self._clock = clock
 
+    def use_cluster(self, cluster: ClusterSpec) -> None:
+        self._cluster = cluster
+
     def collect(self) -> Iterator[Metric]:
         yield from self._groups()
         yield from self._work()

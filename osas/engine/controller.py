@@ -49,6 +49,10 @@ class Controller:
         self._metrics = metrics
         self._accepting = True
 
+    def use_cluster(self, cluster: ClusterSpec) -> None:
+        """A reloaded configuration; CA sees it at its next Refresh (it caches NodeGroups)."""
+        self.cluster = cluster
+
     def check_ready(self) -> None:
         if not self.inventory.synced:
             raise NotReady("inventory not synced with OpenStack yet; try again shortly")

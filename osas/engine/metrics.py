@@ -92,6 +92,10 @@ class EngineMetrics:
             self.sync_failures.labels(kind)
         for problem in Problem:
             self.problems_detected.labels(problem.value)
+        self.add_groups(cluster)
+
+    def add_groups(self, cluster: ClusterSpec) -> None:
+        """Series for every configured group, so that they read 0 rather than nothing."""
         for spec in cluster.node_groups:
             group = spec.group_id
             self.creates_requested.labels(group)

@@ -97,6 +97,13 @@ class Reconciler:
         )
         self._configured = frozenset(spec.group_id for spec in cluster.node_groups)
 
+    def use_cluster(self, cluster: ClusterSpec) -> None:
+        """A reloaded configuration: the groups to list flavors for and to call configured."""
+        self._cluster = cluster
+        self._configured = frozenset(spec.group_id for spec in cluster.node_groups)
+        self._ledger.use_cluster(cluster)
+        self.nudge()  # look new flavors up, and re-review servers against the groups, soon
+
     def nudge(self) -> None:
         """Ask for a sync soon (Refresh does this); never waits."""
         self._nudged.set()

@@ -59,6 +59,10 @@ class Census:
         self._group_ids = tuple(group_ids)
         self._counts: dict[str, _GroupCount] = {}
 
+    def use_groups(self, group_ids: Iterable[str]) -> None:
+        """A reloaded configuration: the groups to count."""
+        self._group_ids = tuple(group_ids)
+
     def _fresh(self, group_id: str) -> _GroupCount | None:
         cached = self._counts.get(group_id)
         if cached is not None and cached.generation == self._inventory.generation(group_id):

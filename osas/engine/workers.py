@@ -85,6 +85,10 @@ class Workers:
         self._draining = anyio.Event()
         self._files = SecretFiles()
 
+    def use_cluster(self, cluster: ClusterSpec) -> None:
+        """A reloaded configuration; a create of a group no longer configured is refused."""
+        self._cluster = cluster
+
     def drain(self) -> dict[str, int]:
         """Shutting down: queued deletes are still sent, by more workers than usual, and queued
         creates are dropped (CA asks again). How many creates were dropped, per group."""

@@ -462,10 +462,39 @@ def run_sim(
     with simulator, _stop_on_sigterm(stop):
         if clouds_yaml is not None:
             simulator.write_clouds_yaml(clouds_yaml)
-        print(f"osas sim: keystone at {simulator.auth_url}", flush=True)  # noqa: T201 - the CLI's output
+        print(describe(simulator, clouds_yaml), flush=True)  # noqa: T201 - the CLI's output
         with contextlib.suppress(KeyboardInterrupt):
             while not stop.wait(0.2):
                 pass
+
+
+def describe(simulator: SimulatedOpenStack, clouds_yaml: Path | None) -> str:
+    """What ``osas sim`` tells a person: where it is, how to reach it, what it offers."""
+    nova = simulator.nova
+    flavors = ", ".join(
+        f"{f.name} ({f.vcpus} vCPU, {f.ram_mib} MiB)" for f in nova.flavors.values()
+    )
+    lines = [
+        f"osas sim: keystone at {simulator.auth_url}",
+        f"  cloud name: {CLOUD_NAME}"
+        + (
+            f" (written to {clouds_yaml}; OS_CLIENT_CONFIG_FILE={clouds_yaml})"
+            if clouds_yaml
+            else " (no clouds.yaml written: give --clouds-yaml FILE)"
+        ),
+        (
+            f"  user {DEFAULT_USER}, project {DEFAULT_PROJECT}, domain {DEFAULT_DOMAIN}; "
+            f"application credential {APP_CREDENTIAL_ID}"
+        ),
+        f"  flavors: {flavors}",
+        f"  images: {', '.join(i.name for i in simulator.images())}",
+        f"  networks: {', '.join(n.name for n in simulator.networks())}",
+        f"  security groups: {', '.join(g.name for g in simulator.security_groups())}",
+        f"  keypairs: {', '.join(k.name for k in simulator.keypairs())}",
+        f"  server groups: {', '.join(g.name for g in simulator.server_groups())}",
+        f"  control API: {simulator.base_url}/_sim/ (faults, quota, servers)",
+    ]
+    return "\n".join(lines)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,157 @@
+"""Configuration reload: node groups added, changed or removed under a running osas, on a file
+change or SIGHUP; a broken file changes nothing."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import grpc
+import yaml
+from support import (
+    CLUSTER,
+    Provider,
+    ca_client,
+    config_data,
+    eventually,
+    expect_status,
+    osas_serve,
+    read_events,
+    write_config,
+)
+
+from osas.config import load_config
+from osas.domain.servers import META_CLUSTER, META_GROUP, TAG_CLUSTER_PREFIX
+from osas.protocol import externalgrpc_pb2 as pb
+from osas.protocol import externalgrpc_pb2_grpc as pb_grpc
+from osas.sim.cloud import FakeCloud
+from osas.sim.model import FakeNova
+
+TAG = f"{TAG_CLUSTER_PREFIX}{CLUSTER}"
+EXTRA = {
+    "id": "extra",
+    "min_size": 0,
+    "max_size": 4,
+    "flavor": "m1.small",
+    "image": "ubuntu-24.04",
+    "networks": ["cluster-net"],
+}
+
+
+def seed(nova: FakeNova, group: str, name: str) -> str:
+    metadata = {META_CLUSTER: CLUSTER, META_GROUP: group}
+    return nova.seed(name=name, metadata=metadata, tags=[TAG]).server_id
+
+
+def groups(answer: list[pb.NodeGroup]) -> dict[str, tuple[int, int]]:
+    return {g.id: (g.minSize, g.maxSize) for g in answer}
+
+
+async def test_groups_added_changed_and_removed_show_after_the_next_refresh(tmp_path):
+    nova = FakeNova()
+    under = seed(nova, "extra", "already-there")  # a group not configured yet, running
+    gpu = seed(nova, "gpu", "gpu-0")
+    data = config_data()
+    path = write_config(tmp_path, data)
+    provider = Provider(load_config(path), FakeCloud(nova), config_path=path)
+    await provider.start()
+    try:
+        async with ca_client(provider.address) as ca:
+            assert groups(await ca.node_groups()) == {"workers": (1, 10), "gpu": (0, 3)}
+            assert (await ca.group_for_node("already-there", f"openstack:///{under}")).id == ""
+
+            data["node_groups"][0]["max_size"] = 7
+            data["node_groups"] = [data["node_groups"][0], EXTRA]  # gpu removed, extra added
+            write_config(tmp_path, data)
+            assert provider.app.reload_once() == "applied"
+            await ca.refresh()
+            assert groups(await ca.node_groups()) == {"workers": (1, 7), "extra": (0, 4)}
+            extra = await ca.group_for_node("already-there", f"openstack:///{under}")
+            assert (extra.id, extra.maxSize) == ("extra", 4)
+            assert await ca.target_size("extra") == 1
+            await expect_status(grpc.StatusCode.NOT_FOUND, ca.target_size("gpu"))
+            await expect_status(grpc.StatusCode.FAILED_PRECONDITION, ca.increase("workers", 8))
+            await ca.increase("extra", 1)  # the new group scales
+            await eventually(lambda: len(nova.live_servers()) == 3, what="a server of extra")
+        # The removed group's server is left alone.
+        assert gpu in {s.server_id for s in nova.live_servers()}
+        assert provider.app.reload_once() == "unchanged"
+    finally:
+        await provider.stop()
+
+
+async def test_a_broken_file_changes_nothing(tmp_path):
+    data = config_data()
+    path = write_config(tmp_path, data)
+    provider = Provider(load_config(path), FakeCloud(FakeNova()), config_path=path)
+    await provider.start()
+    try:
+        async with ca_client(provider.address) as ca:
+            before = groups(await ca.node_groups())
+            path.write_text("node_groups: [\n  - id: workers\n    max_size: {\n")  # not YAML
+            assert provider.app.reload_once() == "rejected"
+            data["node_groups"][0]["min_size"] = 99  # YAML, but min above max
+            write_config(tmp_path, data)
+            assert provider.app.reload_once() == "rejected"
+            await ca.refresh()
+            assert groups(await ca.node_groups()) == before
+        registry = provider.app.registry
+        assert registry.get_sample_value("osas_config_reloads_total", {"result": "rejected"}) == 2
+        assert registry.get_sample_value("osas_config_reloads_total", {"result": "applied"}) == 0
+    finally:
+        await provider.stop()
+
+
+async def test_a_restart_only_change_is_reported_not_applied(tmp_path):
+    data = config_data()
+    path = write_config(tmp_path, data)
+    provider = Provider(load_config(path), FakeCloud(FakeNova()), config_path=path)
+    await provider.start()
+    try:
+        data["queue"] = {"capacity": 7, "workers": 1}
+        data["node_groups"][0]["max_size"] = 5
+        write_config(tmp_path, data)
+        assert provider.app.reload_once() == "applied"
+        assert provider.app.config.queue.capacity == 50  # as started
+        assert provider.app.queue.capacity == 50
+        assert provider.app.controller.cluster.group("workers").max_size == 5  # type: ignore[union-attr]
+        assert provider.app.config.restart_only_changes(load_config(path)) == ["queue"]
+    finally:
+        await provider.stop()
+
+
+async def test_the_watcher_picks_a_change_up_by_itself(tmp_path):
+    data = config_data()
+    path = write_config(tmp_path, data)
+    provider = Provider(load_config(path), FakeCloud(FakeNova()), config_path=path)
+    await provider.start()
+    try:
+        data["node_groups"][1]["max_size"] = 2
+        write_config(tmp_path, data)
+
+        def reloaded() -> bool:
+            spec = provider.app.controller.cluster.group("gpu")
+            return spec is not None and spec.max_size == 2
+
+        await eventually(reloaded, timeout=15, what="the change picked up")
+    finally:
+        await provider.stop()
+
+
+def test_sighup_reloads_osas_serve(tmp_path):
+    data = config_data()
+    path = write_config(tmp_path, data)
+    with osas_serve(path) as process:
+        events = read_events(process, "health SERVING", time.monotonic() + 20)
+        port = next(e for e in events if e["event"] == "grpc listening")["port"]
+        data["node_groups"][0]["max_size"] = 3
+        path.write_text(yaml.safe_dump(data))
+        process.send_signal(signal.SIGHUP)
+        read_events(process, "configuration reloaded", time.monotonic() + 20)
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.CloudProviderStub(channel)
+            stub.Refresh(pb.RefreshRequest(), timeout=5)
+            answer = stub.NodeGroups(pb.NodeGroupsRequest(), timeout=5)
+        assert groups(list(answer.nodeGroups))["workers"] == (1, 3)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
