@@ -8,8 +8,11 @@ same codes."""
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from typing import TextIO
+
+import anyio
 
 from osas.cloud.errors import CloudError
 from osas.cloud.port import Cloud, Reference
@@ -50,11 +53,25 @@ def check_tls(config: OsasConfig, out: TextIO) -> int:
     return EXIT_OK
 
 
-async def check_cloud(config: OsasConfig, cloud: Cloud, out: TextIO) -> int:
+async def reach_cloud(cloud: Cloud, wait: float) -> str:
+    """The cloud's description once it answers. With ``wait`` > 0, a cloud that cannot be used
+    yet (its API still starting, its clouds.yaml not written yet) is tried again every second
+    until ``wait`` seconds have passed; then the last failure stands."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return await cloud.verify()
+        except CloudError:
+            if time.monotonic() >= deadline:
+                raise
+        await anyio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
+async def check_cloud(config: OsasConfig, cloud: Cloud, out: TextIO, *, wait: float = 0.0) -> int:
     """Print one row per resource each node group names; 0 when all are found, 1 when some are
     not, 3 when the cloud cannot be used at all."""
     try:
-        described = await cloud.verify()
+        described = await reach_cloud(cloud, wait)
         rows: list[tuple[str, Reference]] = []
         for spec in config.cluster_spec().node_groups:
             rows += [(spec.group_id, ref) for ref in await cloud.resolve(spec)]
@@ -97,11 +114,12 @@ def check_user_data(config: OsasConfig, out: TextIO) -> int:
     return EXIT_FAILED if problems else EXIT_OK
 
 
-async def check_config(config: OsasConfig, cloud: Cloud, out: TextIO) -> int:
-    """Every check, every problem reported; the exit code of the first that failed."""
+async def check_config(config: OsasConfig, cloud: Cloud, out: TextIO, *, wait: float = 0.0) -> int:
+    """Every check, every problem reported; the exit code of the first that failed. ``wait``:
+    see :func:`reach_cloud`."""
     codes = [
         check_tls(config, out),
         check_user_data(config, out),
-        await check_cloud(config, cloud, out),
+        await check_cloud(config, cloud, out, wait=wait),
     ]
     return next((code for code in codes if code != EXIT_OK), EXIT_OK)

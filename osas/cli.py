@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -127,6 +128,14 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     check.add_argument("--config", type=Path, default=os.environ.get(CONFIG_ENV))
+    check.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="while the cloud cannot be used (starting, clouds.yaml not yet written), try "
+        "again every second for up to SECONDS before reporting it (default: 0)",
+    )
     sim = commands.add_parser("sim", help="serve a simulated OpenStack on 127.0.0.1")
     sim.add_argument("--port", type=int, default=0, help="0 picks a free port")
     sim.add_argument(
@@ -236,7 +245,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         sys.stderr.write(f"osas check-config: configuration error:\n{exc}\n")
         return EXIT_CONFIG
-    return anyio.run(check_config, config, build_cloud(config), sys.stdout)
+    return anyio.run(partial(check_config, wait=args.wait), config, build_cloud(config), sys.stdout)
 
 
 def status_url(metrics_listen: str) -> str:

@@ -119,6 +119,40 @@ def test_check_config_finds_a_missing_flavor_and_network(tmp_path):
     assert "2 problem(s)" in result.stdout
 
 
+def test_check_config_waits_for_a_cloud_that_is_still_starting(tmp_path):
+    """Started before the cloud's clouds.yaml exists: without --wait it fails at once (exit 3);
+    with --wait it keeps trying and passes once the cloud is there."""
+    clouds = tmp_path / "clouds.yaml"
+    config = write_config(
+        tmp_path,
+        config_data(cloud_backend="openstack", openstack={"cloud": "osas-sim"}),
+    )
+    env = {**os.environ, "OS_CLIENT_CONFIG_FILE": str(clouds)}
+    command = [sys.executable, "-m", "osas", "check-config", "--config", str(config)]
+    at_once = subprocess.run(
+        command, capture_output=True, text=True, timeout=60, env=env, check=False
+    )
+    assert at_once.returncode == 3, at_once.stdout + at_once.stderr
+    assert "cloud: PROBLEM" in at_once.stdout
+    waiting = subprocess.Popen(
+        [*command, "--wait", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    try:
+        time.sleep(3)  # it has tried and failed at least once by now
+        assert waiting.poll() is None
+        with SimulatedOpenStack(FakeNova()) as sim:
+            sim.write_clouds_yaml(clouds, "osas-sim")
+            out, err = waiting.communicate(timeout=60)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 0, out + err
+    assert "all resources found" in out
+
+
 def test_sim_command_serves_and_writes_clouds_yaml(tmp_path, monkeypatch):
     clouds = tmp_path / "clouds.yaml"
     process = subprocess.Popen(

@@ -31,6 +31,7 @@ def test_the_example_configuration_loads_and_points_at_the_simulator(tmp_path, m
     monkeypatch.chdir(ROOT)
     config = load_config(ROOT / "examples" / "osas.yaml")
     assert config.openstack.cloud == "osas-sim"
-    assert config.metrics_listen == "127.0.0.1:9090"
+    assert config.metrics_listen == "127.0.0.1:8088"
+    assert "osas status --url http://127.0.0.1:8088" in (ROOT / "README.md").read_text()
     readme = (ROOT / "README.md").read_text()
     assert "--config examples/osas.yaml" in readme

@@ -21,6 +21,7 @@ import os
 import random
 import signal
 import socket
+import tempfile
 import threading
 import time
 import uuid
@@ -358,10 +359,17 @@ class SimulatedOpenStack:
         clouds = document.setdefault("clouds", {})
         clouds[name] = self.clouds_yaml_entry()
         target.parent.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.fchmod(descriptor, 0o600)  # also when the file was there before, readable by others
-        with os.fdopen(descriptor, "w") as stream:
-            yaml.safe_dump(document, stream, sort_keys=False)
+        # Written aside and renamed into place: a reader started alongside (the README runs
+        # `osas check-config --wait` right after `osas sim &`) sees no file or a whole one.
+        descriptor, staging = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        try:
+            os.fchmod(descriptor, 0o600)  # it holds a password: readable by its owner only
+            with os.fdopen(descriptor, "w") as stream:
+                yaml.safe_dump(document, stream, sort_keys=False)
+            Path(staging).replace(target)
+        except BaseException:
+            Path(staging).unlink(missing_ok=True)
+            raise
 
     # -- serving ----------------------------------------------------------------------------------
 
