@@ -282,7 +282,7 @@ class App:
         self._reloads.labels("applied").inc()
         logger.info(
             "configuration reloaded",
-            node_groups=[spec.id for spec in new.node_groups],
+            node_groups=[group.group_id for group in new.node_groups],
             restart_needed=restart_only,
         )
         return "applied"

@@ -4,13 +4,17 @@ environment variables (``__`` between nested keys), validated whole before anyth
 from __future__ import annotations
 
 import base64
+import dataclasses
 import ipaddress
 import json
 import os
 import re
+import types
+import typing
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal, Self, TypeVar
 
 import yaml
 from pydantic import (
@@ -19,7 +23,6 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    SecretStr,
     ValidationError,
     field_validator,
     model_validator,
@@ -31,20 +34,16 @@ from pydantic_settings import (
     SettingsError,
 )
 
-from osas.cloud.openstack_settings import OpenStackAuth as CloudAuth
-from osas.cloud.openstack_settings import OpenStackSettings
+from osas.cloud.openstack_settings import OpenStackAuth, OpenStackSettings
 from osas.domain.ids import NAME_MAX_LENGTH, NAME_PATTERN, ProviderIdFormat
 from osas.domain.ledger import LedgerSettings
 from osas.domain.limits import MAX_GROUP_SIZE
 from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST
 from osas.domain.specs import (
-    BootVolume,
     ClusterSpec,
     GpuSpec,
     NodeGroupSpec,
-    OptionOverrides,
     Pricing,
-    Taint,
     TaintEffect,
 )
 from osas.engine.settings import EngineSettings
@@ -72,6 +71,8 @@ _RESERVED_METADATA = frozenset({META_CLUSTER, META_GROUP, META_REQUEST})
 # (listen addresses, TLS paths — their files rotate anyway —, OpenStack, intervals, queue,
 # cluster name, provider id form) would be unsafe or meaningless to change under a running
 # process.
+_Value = TypeVar("_Value")
+
 RELOADABLE = frozenset({"node_groups", "gpu_label", "gpu_types", "pricing"})
 
 
@@ -111,6 +112,68 @@ PositiveDuration = Annotated[timedelta, BeforeValidator(_parse_duration), AfterV
 Name = Annotated[str, Field(pattern=NAME_PATTERN, max_length=NAME_MAX_LENGTH)]
 
 
+def _default(cls: type[Any], name: str) -> Any:
+    """The default a value class gives ``name``: each default is written once, where the value
+    is defined (the engine, cloud, server and domain settings), and the file schema reads it."""
+    for item in dataclasses.fields(cls):
+        if item.name == name:
+            if item.default is not dataclasses.MISSING:
+                return item.default
+            if item.default_factory is not dataclasses.MISSING:
+                return item.default_factory()
+            break
+    raise LookupError(f"{cls.__name__}.{name} has no default")
+
+
+def _default_duration(cls: type[Any], name: str) -> timedelta:
+    """A default the value class holds in seconds, as the file's duration."""
+    return timedelta(seconds=_default(cls, name))
+
+
+def _as_value(value: Any, hint: Any) -> Any:
+    """A validated configuration value as the plain value ``hint`` asks for: a model as the
+    value class of the same field names, lists as tuples, paths as text, durations as
+    seconds where the value class counts seconds."""
+    if value is None:
+        return None
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        (hint,) = (arg for arg in typing.get_args(hint) if arg is not type(None))
+        origin = typing.get_origin(hint)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return _as_dataclass(hint, value)
+    if origin is tuple:
+        item = typing.get_args(hint)[0]
+        return tuple(_as_value(element, item) for element in value)
+    if origin in (Mapping, dict):
+        item = typing.get_args(hint)[1]
+        return {key: _as_value(element, item) for key, element in value.items()}
+    return _as_scalar(value, hint)
+
+
+def _as_scalar(value: Any, hint: Any) -> Any:
+    if hint is str and isinstance(value, Path):
+        return str(value)
+    if hint is float and isinstance(value, timedelta):
+        return value.total_seconds()
+    return value
+
+
+def _as_dataclass(cls: type[_Value], model: BaseModel) -> _Value:
+    """Build ``cls`` from the model's fields of the same names, so that none is copied by hand
+    or forgotten; a field the file does not offer keeps the class's default (a test lists
+    which those are)."""
+    hints = typing.get_type_hints(cls)
+    offered = type(model).model_fields
+    return cls(
+        **{
+            item.name: _as_value(getattr(model, item.name), hints[item.name])
+            for item in dataclasses.fields(cls)  # type: ignore[arg-type]
+            if item.name in offered
+        }
+    )
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -135,20 +198,20 @@ class TlsConfig(_Strict):
 
 
 class TransportConfig(_Strict):
-    max_concurrent_rpcs: int = Field(256, ge=1, le=10_000)
-    max_connection_age: PositiveDuration = timedelta(minutes=10)
-    max_connection_age_grace: Duration = timedelta(seconds=30)
-    keepalive_time: PositiveDuration = timedelta(minutes=1)
-    keepalive_timeout: PositiveDuration = timedelta(seconds=20)
+    max_concurrent_rpcs: int = Field(
+        _default(TransportSettings, "max_concurrent_rpcs"), ge=1, le=10_000
+    )
+    max_connection_age: PositiveDuration = _default_duration(
+        TransportSettings, "max_connection_age"
+    )
+    max_connection_age_grace: Duration = _default_duration(
+        TransportSettings, "max_connection_age_grace"
+    )
+    keepalive_time: PositiveDuration = _default_duration(TransportSettings, "keepalive_time")
+    keepalive_timeout: PositiveDuration = _default_duration(TransportSettings, "keepalive_timeout")
 
     def settings(self) -> TransportSettings:
-        return TransportSettings(
-            max_concurrent_rpcs=self.max_concurrent_rpcs,
-            max_connection_age=self.max_connection_age.total_seconds(),
-            max_connection_age_grace=self.max_connection_age_grace.total_seconds(),
-            keepalive_time=self.keepalive_time.total_seconds(),
-            keepalive_timeout=self.keepalive_timeout.total_seconds(),
-        )
+        return _as_dataclass(TransportSettings, self)
 
 
 def _seconds(value: Any) -> Any:
@@ -173,33 +236,6 @@ def _is_loopback(address: str) -> bool:
         return False
 
 
-def _reveal(secret: SecretStr | None) -> str | None:
-    return None if secret is None else secret.get_secret_value()
-
-
-class OpenStackAuth(_Strict):
-    """An ``auth`` block as openstacksdk takes it (password or application credential)."""
-
-    auth_url: str
-    username: str | None = None
-    password: SecretStr | None = None
-    user_domain_name: str | None = None
-    project_name: str | None = None
-    project_id: str | None = None
-    project_domain_name: str | None = None
-    application_credential_id: str | None = None
-    application_credential_secret: SecretStr | None = None
-
-    @model_validator(mode="after")
-    def _one_method(self) -> Self:
-        if self.application_credential_id:
-            if not self.application_credential_secret:
-                raise ValueError("application_credential_id needs application_credential_secret")
-        elif not (self.username and self.password):
-            raise ValueError("give username and password, or an application credential")
-        return self
-
-
 class OpenStackConfig(_Strict):
     cloud: str | None = None  # an entry of clouds.yaml
     auth: OpenStackAuth | None = None
@@ -207,30 +243,17 @@ class OpenStackConfig(_Strict):
     interface: Literal["public", "internal", "admin"] | None = None
     verify: bool = True
     cacert: Path | None = None
-    api_timeout: PositiveDuration = timedelta(seconds=30)
-    concurrency: int = Field(10, ge=1, le=32)
-    rate_limit: float = Field(50.0, gt=0, le=1000, description="calls per second")
-    attempts: int = Field(4, ge=1, le=10)
+    api_timeout: PositiveDuration = _default_duration(OpenStackSettings, "api_timeout")
+    concurrency: int = Field(_default(OpenStackSettings, "concurrency"), ge=1, le=32)
+    rate_limit: float = Field(
+        _default(OpenStackSettings, "rate_limit"), gt=0, le=1000, description="calls per second"
+    )
+    attempts: int = Field(_default(OpenStackSettings, "attempts"), ge=1, le=10)
 
     def settings(self, backoff: timedelta) -> OpenStackSettings:
-        auth = self.auth
         return OpenStackSettings(
             cloud=self.cloud,
-            auth=(
-                CloudAuth(
-                    auth_url=auth.auth_url,
-                    username=auth.username,
-                    password=_reveal(auth.password),
-                    user_domain_name=auth.user_domain_name,
-                    project_name=auth.project_name,
-                    project_id=auth.project_id,
-                    project_domain_name=auth.project_domain_name,
-                    application_credential_id=auth.application_credential_id,
-                    application_credential_secret=_reveal(auth.application_credential_secret),
-                )
-                if auth
-                else None
-            ),
+            auth=self.auth,
             region_name=self.region_name,
             interface=self.interface,
             verify=self.verify,
@@ -250,20 +273,20 @@ class OpenStackConfig(_Strict):
 
 
 class ReconcileConfig(_Strict):
-    interval: PositiveDuration = timedelta(seconds=10)
-    full_resync_interval: Duration = timedelta(minutes=5)
-    max_inventory_age: Duration = timedelta(minutes=3)
-    retry_backoff: PositiveDuration = timedelta(seconds=1)
+    interval: PositiveDuration = _default_duration(EngineSettings, "reconcile_interval")
+    full_resync_interval: Duration = _default_duration(EngineSettings, "full_resync_interval")
+    max_inventory_age: Duration = _default_duration(EngineSettings, "max_inventory_age")
+    retry_backoff: PositiveDuration = _default_duration(EngineSettings, "retry_backoff")
     # A delete that failed for good is sent again when the server is still listed this long after.
-    delete_retry_after: PositiveDuration = timedelta(minutes=2)
+    delete_retry_after: PositiveDuration = _default_duration(LedgerSettings, "delete_retry_after")
     # A create whose outcome is unknown (timeout, 5xx, lost answer) is never sent again; if no
     # server of it is listed within this window it is reported failed. Longer than
     # openstack.api_timeout plus the longest Nova may take to store a server it was sent.
-    create_doubt_window: PositiveDuration = timedelta(minutes=3)
+    create_doubt_window: PositiveDuration = _default_duration(LedgerSettings, "doubt_window")
     # Servers in BUILD, or being deleted, longer than these are reported (logs, metrics,
     # /status); osas never deletes them on its own.
-    stuck_build_after: PositiveDuration = timedelta(minutes=30)
-    stuck_delete_after: PositiveDuration = timedelta(minutes=10)
+    stuck_build_after: PositiveDuration = _default_duration(EngineSettings, "stuck_build_after")
+    stuck_delete_after: PositiveDuration = _default_duration(EngineSettings, "stuck_delete_after")
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
@@ -275,8 +298,8 @@ class ReconcileConfig(_Strict):
 
 
 class QueueConfig(_Strict):
-    capacity: int = Field(1000, ge=1, le=100_000)
-    workers: int = Field(10, ge=1, le=64)
+    capacity: int = Field(_default(EngineSettings, "queue_capacity"), ge=1, le=100_000)
+    workers: int = Field(_default(EngineSettings, "workers"), ge=1, le=64)
 
 
 class TaintConfig(_Strict):
@@ -288,12 +311,12 @@ class TaintConfig(_Strict):
 class GpuConfig(_Strict):
     count: int = Field(ge=1, le=64)
     type: str = Field(min_length=1, pattern=_LABEL_VALUE_RE.pattern)
-    resource: str = Field("nvidia.com/gpu", pattern=_LABEL_KEY_RE.pattern)
+    resource: str = Field(_default(GpuSpec, "resource"), pattern=_LABEL_KEY_RE.pattern)
 
 
 class BootVolumeConfig(_Strict):
-    size: int = Field(ge=1, le=65536, description="GiB")
-    type: str | None = None
+    size_gib: int = Field(alias="size", ge=1, le=65536, description="GiB")
+    volume_type: str | None = Field(None, alias="type")
 
 
 class OptionsConfig(_Strict):
@@ -308,7 +331,7 @@ class OptionsConfig(_Strict):
 
 
 class NodeGroupConfig(_Strict):
-    id: Name
+    group_id: Name = Field(alias="id")
     min_size: int = Field(ge=0, le=MAX_GROUP_SIZE)
     max_size: int = Field(ge=0, le=MAX_GROUP_SIZE)
     flavor: str = Field(min_length=1)
@@ -323,7 +346,7 @@ class NodeGroupConfig(_Strict):
     # values are files' contents: ${join_token} <- /etc/osas/bootstrap/token.
     user_data_file: Path | None = None
     user_data_vars: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], Path] = {}
-    user_data_format: Literal["text", "json"] = "text"
+    user_data_format: Literal["text", "json"] = _default(NodeGroupSpec, "user_data_format")
     boot_volume: BootVolumeConfig | None = None
     metadata: dict[str, str] = {}
     labels: dict[str, str] = {}
@@ -331,8 +354,10 @@ class NodeGroupConfig(_Strict):
     gpu: GpuConfig | None = None
     options: OptionsConfig = OptionsConfig()
     price_per_hour: float | None = Field(None, ge=0)
-    max_pods: int = Field(110, ge=1, le=10_000)
-    architecture: Literal["amd64", "arm64", "ppc64le", "s390x"] = "amd64"
+    max_pods: int = Field(_default(NodeGroupSpec, "max_pods"), ge=1, le=10_000)
+    architecture: Literal["amd64", "arm64", "ppc64le", "s390x"] = _default(
+        NodeGroupSpec, "architecture"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -374,42 +399,13 @@ class NodeGroupConfig(_Strict):
                 ) from None
 
     def spec(self) -> NodeGroupSpec:
-        options = self.options
-        return NodeGroupSpec(
-            group_id=self.id,
-            min_size=self.min_size,
-            max_size=self.max_size,
-            flavor=self.flavor,
-            image=self.image,
-            networks=tuple(self.networks),
-            key_name=self.key_name,
-            security_groups=tuple(self.security_groups),
-            availability_zone=self.availability_zone,
-            server_group=self.server_group,
-            user_data=self.user_data,
-            user_data_file=str(self.user_data_file) if self.user_data_file else None,
-            user_data_vars={name: str(path) for name, path in self.user_data_vars.items()},
-            user_data_format=self.user_data_format,
-            boot_volume=(
-                BootVolume(self.boot_volume.size, self.boot_volume.type)
-                if self.boot_volume
-                else None
-            ),
-            metadata=dict(self.metadata),
-            labels=dict(self.labels),
-            taints=tuple(Taint(t.key, t.value, t.effect) for t in self.taints),
-            gpu=GpuSpec(self.gpu.count, self.gpu.type, self.gpu.resource) if self.gpu else None,
-            options=OptionOverrides(**options.model_dump()),
-            price_per_hour=self.price_per_hour,
-            max_pods=self.max_pods,
-            architecture=self.architecture,
-        )
+        return _as_dataclass(NodeGroupSpec, self)
 
 
 class PricingConfig(_Strict):
     cpu_per_hour: float = Field(ge=0)
     memory_gib_per_hour: float = Field(ge=0)
-    gpu_per_hour: float = Field(0.0, ge=0)
+    gpu_per_hour: float = Field(_default(Pricing, "gpu_per_hour"), ge=0)
 
 
 class OsasConfig(BaseSettings):
@@ -433,12 +429,12 @@ class OsasConfig(BaseSettings):
     cloud_backend: Literal["openstack", "fake"] = "openstack"
     openstack: OpenStackConfig = OpenStackConfig()
     provider_id_region: str = Field("", pattern=r"^[^/\s]*$")
-    gpu_label: str = Field("nvidia.com/gpu.product", pattern=_LABEL_KEY_RE.pattern)
+    gpu_label: str = Field(_default(ClusterSpec, "gpu_label"), pattern=_LABEL_KEY_RE.pattern)
     gpu_types: list[str] = []
     pricing: PricingConfig | None = None
     reconcile: ReconcileConfig = ReconcileConfig()
     queue: QueueConfig = QueueConfig()
-    shutdown_grace: Duration = timedelta(seconds=20)
+    shutdown_grace: Duration = _default_duration(ServerSettings, "shutdown_grace")
     node_groups: list[NodeGroupConfig] = Field(min_length=1)
 
     @field_validator("listen", "health_listen", "metrics_listen")
@@ -480,9 +476,9 @@ class OsasConfig(BaseSettings):
             raise ValueError("metrics_listen must differ from listen and health_listen")
         seen: set[str] = set()
         for group in self.node_groups:
-            if group.id in seen:
-                raise ValueError(f"duplicate node group id {group.id!r}")
-            seen.add(group.id)
+            if group.group_id in seen:
+                raise ValueError(f"duplicate node group id {group.group_id!r}")
+            seen.add(group.group_id)
         return self
 
     def restart_only_changes(self, other: OsasConfig) -> list[str]:
@@ -498,7 +494,7 @@ class OsasConfig(BaseSettings):
             provider_ids=ProviderIdFormat(self.provider_id_region),
             gpu_label=self.gpu_label,
             gpu_types=tuple(self.gpu_types),
-            pricing=Pricing(**self.pricing.model_dump()) if self.pricing else None,
+            pricing=_as_dataclass(Pricing, self.pricing) if self.pricing else None,
         )
 
     def engine_settings(self) -> EngineSettings:
@@ -575,7 +571,7 @@ class OsasConfig(BaseSettings):
             "shutdown_grace": self.shutdown_grace.total_seconds(),
             "node_groups": [
                 {
-                    "id": group.id,
+                    "id": group.group_id,
                     "min_size": group.min_size,
                     "max_size": group.max_size,
                     "flavor": group.flavor,

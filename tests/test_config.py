@@ -3,6 +3,7 @@ environment overrides, and how `osas serve` refuses a bad file."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from datetime import timedelta
@@ -15,17 +16,22 @@ import yaml
 from support import config_data, write_config
 
 import osas.cli
+import osas.config as schema
+from osas.cloud.openstack_settings import OpenStackSettings
 from osas.config import ConfigError, OsasConfig, load_config
+from osas.domain.ledger import LedgerSettings
 from osas.domain.specs import (
     BootVolume,
+    ClusterSpec,
     GpuSpec,
+    NodeGroupSpec,
     OptionOverrides,
     Pricing,
     Taint,
     TaintEffect,
 )
 from osas.engine.settings import EngineSettings
-from osas.service.settings import ServerSettings, TlsFiles
+from osas.service.settings import ServerSettings, TlsFiles, TransportSettings
 
 SERVER_UUID = "0b7f1d2e-3c4a-4b5c-8d6e-7f8091a2b3c4"
 WORKERS = "node_groups[0](workers)"
@@ -130,7 +136,7 @@ def test_bad_node_group_id(tmp_path, bad, reason):
 
 
 def test_node_group_id_of_40_characters_is_allowed(tmp_path):
-    assert load(tmp_path, group(id="a" * 40)).node_groups[0].id == "a" * 40
+    assert load(tmp_path, group(id="a" * 40)).node_groups[0].group_id == "a" * 40
 
 
 @pytest.mark.parametrize(
@@ -207,7 +213,8 @@ def test_unknown_key(tmp_path, path, where):
 
 def test_unknown_key_in_openstack_auth_block(tmp_path):
     data = config_data(openstack={"auth": {"auth_url": "https://keystone", "pasword": "x"}})
-    expect_problem(tmp_path, data, "openstack.auth.pasword", "Extra inputs are not permitted")
+    # The block is validated straight into the cloud's OpenStackAuth, whose wording differs.
+    expect_problem(tmp_path, data, "openstack.auth.pasword", "Unexpected keyword argument")
 
 
 # --- transport -------------------------------------------------------------------------------
@@ -763,6 +770,56 @@ def test_engine_settings_defaults(tmp_path):
     assert settings.retry_backoff == 1.0
 
 
+# What the file offers and the value it becomes are built from one list of names: a key added to
+# one side only, or a name that differs, fails here instead of being dropped on the way.
+VALUE_CLASSES = [
+    (schema.NodeGroupConfig, NodeGroupSpec, set()),
+    (schema.BootVolumeConfig, BootVolume, set()),
+    (schema.TaintConfig, Taint, set()),
+    (schema.GpuConfig, GpuSpec, set()),
+    (schema.OptionsConfig, OptionOverrides, set()),
+    (schema.PricingConfig, Pricing, set()),
+    # Fixed by what CA accepts (4 MiB), not a setting.
+    (schema.TransportConfig, TransportSettings, {"max_message_bytes"}),
+]
+
+
+@pytest.mark.parametrize(("model", "value", "not_offered"), VALUE_CLASSES)
+def test_file_keys_and_value_fields_are_one_list(model, value, not_offered):
+    fields = {item.name for item in dataclasses.fields(value)}
+    assert set(model.model_fields) <= fields
+    assert fields - set(model.model_fields) == not_offered
+
+
+def test_defaults_are_the_value_classes_own(tmp_path):
+    """A file that sets nothing optional gives exactly the defaults the engine, ledger, cloud,
+    server and domain classes declare: each default is written once."""
+    data = config_data()
+    for key in ("reconcile", "queue", "shutdown_grace", "openstack", "transport"):
+        data.pop(key, None)
+    group = {key: data["node_groups"][0][key] for key in ("id", "min_size", "max_size")}
+    data["node_groups"] = [{**group, "flavor": "f", "image": "i", "networks": ["n"]}]
+    loaded = load(tmp_path, data)
+    engine = EngineSettings()
+    assert loaded.engine_settings() == engine
+    assert loaded.ledger_settings() == LedgerSettings()
+    assert loaded.openstack_settings() == OpenStackSettings(backoff=engine.retry_backoff)
+    server = loaded.server_settings()
+    assert server.transport == TransportSettings()
+    defaults = {item.name: item.default for item in dataclasses.fields(ServerSettings)}
+    assert server.shutdown_grace == defaults["shutdown_grace"]
+    spec = loaded.cluster_spec()
+    assert spec.gpu_label == ClusterSpec(cluster_name="c", node_groups=()).gpu_label
+    assert spec.node_groups[0] == NodeGroupSpec(
+        group_id=group["id"],
+        min_size=group["min_size"],
+        max_size=group["max_size"],
+        flavor="f",
+        image="i",
+        networks=("n",),
+    )
+
+
 def test_server_settings_plaintext(tmp_path):
     settings = load(tmp_path, config_data()).server_settings()
     assert settings == ServerSettings(
@@ -796,7 +853,7 @@ def test_openstack_secrets_are_hidden(tmp_path, key, other):
     auth = {"auth_url": "https://keystone:5000/v3", key: secret, **other}
     config = load(tmp_path, config_data(openstack={"auth": auth}))
     stored = getattr(config.openstack.auth, key)
-    assert stored.get_secret_value() == secret
+    assert stored == secret
     assert secret not in repr(config)
     assert secret not in str(config)
     assert secret not in repr(config.openstack)

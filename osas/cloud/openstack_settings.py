@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, ClassVar
 
 # Tag filters need compute 2.26 and tags on create 2.52; below that Nova silently ignores
 # the filter and lists every server of the project.
@@ -13,7 +14,13 @@ MIN_COMPUTE_MICROVERSION = (2, 52)
 
 @dataclass(frozen=True, slots=True)
 class OpenStackAuth:
-    """An ``auth`` block: password or application credential. Secrets stay out of repr."""
+    """An ``auth`` block: password or application credential. Secrets stay out of repr.
+
+    The configuration validates the block straight into this class (one definition of its
+    keys); ``__pydantic_config__`` is read by pydantic there, so that a misspelt key is refused
+    rather than ignored."""
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = {"extra": "forbid"}
 
     auth_url: str
     username: str | None = None
@@ -24,6 +31,13 @@ class OpenStackAuth:
     project_domain_name: str | None = None
     application_credential_id: str | None = None
     application_credential_secret: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.application_credential_id:
+            if not self.application_credential_secret:
+                raise ValueError("application_credential_id needs application_credential_secret")
+        elif not (self.username and self.password):
+            raise ValueError("give username and password, or an application credential")
 
     @property
     def auth_type(self) -> str:

@@ -40,7 +40,7 @@ class LedgerSettings:
     create_attempts: int = 3
     # How long a create in doubt may take to appear before it is reported failed. Must exceed
     # the client's api_timeout plus the longest a Nova API worker may take to store a server.
-    doubt_window: float = 300.0
+    doubt_window: float = 180.0
     # How long ids of removed instances are remembered, so that a repeated DeleteNodes is
     # harmless, and request ids given up, so that a late server of theirs is deleted.
     removed_memory: float = 15 * 60.0
