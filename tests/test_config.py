@@ -765,7 +765,7 @@ def test_engine_settings_defaults(tmp_path):
     settings = load(tmp_path, data).engine_settings()
     assert (settings.queue_capacity, settings.workers) == (1000, 10)
     assert settings.reconcile_interval == 10.0
-    assert settings.full_resync_interval == 300.0
+    assert settings.full_resync_interval == 600.0
     assert settings.max_inventory_age == 180.0
     assert settings.retry_backoff == 1.0
 

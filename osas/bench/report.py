@@ -78,7 +78,7 @@ size the table names (at every size when it names none).
   resync every 20 s. A call is *during* a resync when it overlaps the span osas logs for it
   (`complete listing applied`: from the listing's start to its application).
 - **Nova traffic**: requests and bytes the simulator served in the resync phase, turned into a
-  minute at the default intervals (an incremental sync every 10 s, a complete one every 5 min).
+  minute at the default intervals (an incremental sync every 10 s, a complete one every 10 min).
 - **Memory**: osas's RSS from /proc after the resync phase (several complete resyncs).
 - **Start**: from spawning `osas serve` to health SERVING, the first complete listing included.
   The simulator serving that listing (50 pages of detail at 50k) is timed alone, with a client

@@ -45,6 +45,7 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from osas.bench.report import write_report
+from osas.engine.settings import EngineSettings
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.sim.server import DEFAULT_DOMAIN, DEFAULT_PASSWORD, DEFAULT_PROJECT, DEFAULT_USER
 
@@ -689,8 +690,8 @@ async def resync_phase(plan: Plan, result: SizeResult, setup: Setup, bare: Clien
 def traffic(
     result: SizeResult, sim: dict[str, Any], since: int, span: tuple[float, float], resyncs: int
 ) -> None:
-    """Nova's requests and bytes per minute at the default intervals (10 s incremental, 5 min
-    complete), from what one incremental and one complete sync cost in this run."""
+    """Nova's requests and bytes per minute at the default intervals (``EngineSettings``), from
+    what one incremental and one complete sync cost in this run."""
     entries = list(sim_get(sim, f"/_bench/log?since={since}")["entries"])
     entries = [e for e in entries if span[0] <= e[0] <= span[1]]
     incremental = [e[5] for e in entries if e[2] == "GET" and "changes-since" in e[3]]
@@ -700,8 +701,13 @@ def traffic(
     # A complete resync makes one changes-since listing too: counted with the incremental.
     per_incremental = statistics.mean(incremental)
     per_resync = sum(other) / resyncs + per_incremental
-    result.add("nova_bytes", (6 * per_incremental + per_resync / 5) / 1e6)
-    result.add("nova_requests", 6 + (len(other) / resyncs + 1) / 5)
+    defaults = EngineSettings()
+    incrementals = 60.0 / defaults.reconcile_interval  # a minute's
+    resyncs_per_minute = 60.0 / defaults.full_resync_interval
+    result.add(
+        "nova_bytes", (incrementals * per_incremental + per_resync * resyncs_per_minute) / 1e6
+    )
+    result.add("nova_requests", incrementals + (len(other) / resyncs + 1) * resyncs_per_minute)
     result.add("nova_resync_bytes", per_resync / 1e6)
     result.add("nova_incremental_bytes", per_incremental / 1e6)
 
