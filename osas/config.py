@@ -65,14 +65,13 @@ _USER_DATA_MAX = 65535
 _METADATA_ITEM_MAX = 255
 _PORT_MAX = 65535
 _RESERVED_METADATA = frozenset({META_CLUSTER, META_GROUP, META_REQUEST})
+_Value = TypeVar("_Value")
 
 
 # What a reload applies without a restart: the node groups and what CA reads of them. The rest
 # (listen addresses, TLS paths — their files rotate anyway —, OpenStack, intervals, queue,
 # cluster name, provider id form) would be unsafe or meaningless to change under a running
 # process.
-_Value = TypeVar("_Value")
-
 RELOADABLE = frozenset({"node_groups", "gpu_label", "gpu_types", "pricing"})
 
 
