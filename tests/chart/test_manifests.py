@@ -49,7 +49,7 @@ def test_kustomize_output_runs_osas_as_the_chart_does(built, tmp_path):
     assert container["image"] == f"ghcr.io/osas-project/osas:{osas.__version__}"
     mounts = [m["mountPath"] for m in container["volumeMounts"]]
     for group in config.node_groups:
-        assert group.labels["osas/node-group"] == group.id
+        assert group.labels["osas/node-group"] == group.group_id
         for path in [group.user_data_file, *group.user_data_vars.values()]:
             if path is not None:
                 assert any(str(path).startswith(m + "/") for m in mounts), path
