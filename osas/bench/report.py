@@ -76,7 +76,11 @@ size the table names (at every size when it names none).
   answer is 570 kB at 10,000 instances, and its cost is gRPC's (see the ratio).
 - **Resync tails**: the same loop for {resync_seconds:.0f} s against an osas doing a complete
   resync every 20 s. A call is *during* a resync when it overlaps the span osas logs for it
-  (`complete listing applied`: from the listing's start to its application).
+  (`complete listing applied`: from the listing's start to its application). The simulator
+  serving that resync's listing shares the same two cores, so the same loop is also replayed
+  for half as long against the bare server, with no osas running, while the simulator serves the
+  complete listing of ids a resync asks for every 5 s: the bare server's own ratio is the
+  machine's share of the tail.
 - **Nova traffic**: requests and bytes the simulator served in the resync phase, turned into a
   minute at the default intervals (an incremental sync every 10 s, a complete one every 10 min).
 - **Memory**: osas's RSS from /proc after the resync phase (several complete resyncs).

@@ -29,7 +29,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -125,6 +127,9 @@ KINDS = {
     ),
     "resync_p99": Kind("p99 during resyncs / p99 otherwise", "x", "<= 1.5x", threshold=1.5),
     "resync_p999": Kind("p99.9 during resyncs / p99.9 otherwise", "x"),
+    "resync_p99_bare": Kind(
+        "the same p99 ratio, bare, while the simulator serves the same listing of ids", "x"
+    ),
     "resync_seconds": Kind("complete resync, from listing to applied", "s"),
     "nova_bytes": Kind(
         "Nova bytes per minute, nothing changing (default intervals)",
@@ -199,9 +204,10 @@ def sim_get(sim: dict[str, Any], path: str) -> dict[str, Any]:
     return dict(answer.json())
 
 
-def simulator_listing_seconds(sim: dict[str, Any]) -> float:
-    """How long the simulator takes to serve the complete detail listing osas makes at start,
-    to a client that reads the bytes and parses nothing: the simulator's share of the start."""
+def simulator_listing_seconds(sim: dict[str, Any], *, brief: bool = False) -> float:
+    """How long the simulator takes to serve the complete detail listing osas makes at start
+    (``brief``: the listing of ids a complete resync makes), to a client that reads the bytes
+    and parses nothing: the simulator's share of the start."""
     user = {"name": DEFAULT_USER, "domain": {"name": DEFAULT_DOMAIN}, "password": DEFAULT_PASSWORD}
     auth: dict[str, Any] = {
         "identity": {"methods": ["password"], "password": {"user": user}},
@@ -211,7 +217,8 @@ def simulator_listing_seconds(sim: dict[str, Any]) -> float:
     session = requests.Session()
     session.headers["X-Auth-Token"] = answer.headers["X-Subject-Token"]
     session.headers["OpenStack-API-Version"] = "compute 2.100"
-    url: str | None = f"{sim['base_url']}/compute/v2.1/servers/detail?tags=osas-cluster%3D{CLUSTER}"
+    path = "servers" if brief else "servers/detail"
+    url: str | None = f"{sim['base_url']}/compute/v2.1/{path}?tags=osas-cluster%3D{CLUSTER}"
     started = time.perf_counter()
     while url is not None:
         found = _NEXT.search(session.get(url, timeout=60).content)
@@ -647,8 +654,9 @@ def tails(result: SizeResult, samples: list[Timed], bare_samples: list[Timed]) -
 
 
 async def resync_phase(plan: Plan, result: SizeResult, setup: Setup, bare: Client) -> None:
-    """osas resyncing every 20 s under CA's loop: tails during resyncs, traffic, memory."""
-    del bare
+    """osas resyncing every 20 s under CA's loop: tails during resyncs, traffic, memory; and
+    the bare server under the same loop while the simulator serves the same listings."""
+    await bare_under_listings(plan, result, setup, bare)
     since = sim_get(setup.sim, "/_bench/log?since=0")["next"]
     osas = await start_osas(setup, f"osas-{result.servers}-resync", resync="20s")
     client = Client(osas.port, setup.tls)
@@ -668,23 +676,57 @@ async def resync_phase(plan: Plan, result: SizeResult, setup: Setup, bare: Clien
         if start >= began:
             windows.append((start, end))
     light = [t for t in samples if t.method != "NodeGroupNodes"]
-
-    def overlaps(t: Timed, start: float, end: float) -> bool:
-        return t.start < end and t.start + t.seconds > start
-
-    busy = [t.seconds * 1000 for t in light if any(overlaps(t, *w) for w in windows)]
-    calm = [t.seconds * 1000 for t in light if not any(overlaps(t, *w) for w in windows)]
     for start, end in windows:
-        inside = [t.seconds * 1000 for t in light if overlaps(t, start, end)]
+        inside = [t.seconds * 1000 for t in light if _overlaps(t, start, end)]
         if inside:
             result.add("resync_worst", max(inside))
         result.add("resync_seconds", end - start)
+    busy, calm = _split(light, windows)
     if busy and calm:
         result.add("resync_p99", percentile(busy, 0.99) / percentile(calm, 0.99))
         result.add("resync_p999", percentile(busy, 0.999) / percentile(calm, 0.999))
     result.add("rss", rss)
     result.add("rss_peak", peak)
     traffic(result, setup.sim, since, (began, ended), len(windows))
+
+
+def _overlaps(t: Timed, start: float, end: float) -> bool:
+    return t.start < end and t.start + t.seconds > start
+
+
+def _split(
+    samples: list[Timed], windows: list[tuple[float, float]]
+) -> tuple[list[float], list[float]]:
+    """Milliseconds of the calls that overlap a window, and of the others."""
+    busy = [t.seconds * 1000 for t in samples if any(_overlaps(t, *w) for w in windows)]
+    calm = [t.seconds * 1000 for t in samples if not any(_overlaps(t, *w) for w in windows)]
+    return busy, calm
+
+
+async def bare_under_listings(plan: Plan, result: SizeResult, setup: Setup, bare: Client) -> None:
+    """The machine's share of a resync's tail: CA's loop against the bare server while the
+    simulator, on the same cores, serves the complete listing of ids a resync asks for (every
+    5 s, from a thread of this process that parses nothing). No osas runs meanwhile."""
+    windows: list[tuple[float, float]] = []
+    stop = threading.Event()
+
+    def list_ids() -> None:
+        while not stop.wait(5.0):
+            started = time.time()
+            simulator_listing_seconds(setup.sim, brief=True)
+            windows.append((started, time.time()))
+
+    lister = threading.Thread(target=list_ids, name="bench-lister", daemon=True)
+    lister.start()
+    provider_ids = [f"openstack:///{uuid.uuid4()}" for _ in range(plan.loop_nodes)]
+    try:
+        samples = await replay(bare, setup, provider_ids, plan.loop_nodes, plan.resync_seconds / 2)
+    finally:
+        stop.set()
+        await asyncio.to_thread(lister.join)
+    busy, calm = _split([t for t in samples if t.method != "NodeGroupNodes"], windows)
+    if busy and calm:
+        result.add("resync_p99_bare", percentile(busy, 0.99) / percentile(calm, 0.99))
 
 
 def traffic(
