@@ -235,15 +235,22 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_for(command: str, path: Path | None, give: str) -> OsasConfig | None:
+    """The configuration a command reads; None once the reason is on stderr (exit 2)."""
+    if path is None:
+        sys.stderr.write(f"osas {command}: give {give} or set {CONFIG_ENV}\n")
+        return None
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        sys.stderr.write(f"osas {command}: configuration error:\n{exc}\n")
+        return None
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
     configure_logging("warning", "console")
-    if args.config is None:
-        sys.stderr.write(f"osas check-config: give --config FILE or set {CONFIG_ENV}\n")
-        return EXIT_CONFIG
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        sys.stderr.write(f"osas check-config: configuration error:\n{exc}\n")
+    config = _config_for("check-config", args.config, "--config FILE")
+    if config is None:
         return EXIT_CONFIG
     return anyio.run(partial(check_config, wait=args.wait), config, build_cloud(config), sys.stdout)
 
@@ -258,13 +265,8 @@ def status_url(metrics_listen: str) -> str:
 def _cmd_status(args: argparse.Namespace) -> int:
     url = args.url
     if url is None:
-        if args.config is None:
-            sys.stderr.write(f"osas status: give --url URL, --config FILE or set {CONFIG_ENV}\n")
-            return EXIT_CONFIG
-        try:
-            config = load_config(args.config)
-        except ConfigError as exc:
-            sys.stderr.write(f"osas status: configuration error:\n{exc}\n")
+        config = _config_for("status", args.config, "--url URL, --config FILE")
+        if config is None:
             return EXIT_CONFIG
         if config.metrics_listen is None:
             sys.stderr.write(f"osas status: {args.config} sets no metrics_listen; give --url\n")

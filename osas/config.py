@@ -140,7 +140,8 @@ def _as_value(value: Any, hint: Any) -> Any:
         (hint,) = (arg for arg in typing.get_args(hint) if arg is not type(None))
         origin = typing.get_origin(hint)
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        return _as_dataclass(hint, value)
+        # A block the file validates straight into its value class (openstack.auth) is one.
+        return value if isinstance(value, hint) else _as_dataclass(hint, value)
     if origin is tuple:
         item = typing.get_args(hint)[0]
         return tuple(_as_value(element, item) for element in value)
@@ -250,19 +251,8 @@ class OpenStackConfig(_Strict):
     attempts: int = Field(_default(OpenStackSettings, "attempts"), ge=1, le=10)
 
     def settings(self, backoff: timedelta) -> OpenStackSettings:
-        return OpenStackSettings(
-            cloud=self.cloud,
-            auth=self.auth,
-            region_name=self.region_name,
-            interface=self.interface,
-            verify=self.verify,
-            cacert=self.cacert,
-            api_timeout=self.api_timeout.total_seconds(),
-            concurrency=self.concurrency,
-            rate_limit=self.rate_limit,
-            attempts=self.attempts,
-            backoff=backoff.total_seconds(),
-        )
+        values = _as_dataclass(OpenStackSettings, self)
+        return dataclasses.replace(values, backoff=backoff.total_seconds())
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:

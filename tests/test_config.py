@@ -781,6 +781,8 @@ VALUE_CLASSES = [
     (schema.PricingConfig, Pricing, set()),
     # Fixed by what CA accepts (4 MiB), not a setting.
     (schema.TransportConfig, TransportSettings, {"max_message_bytes"}),
+    # The backoff follows reconcile.retry_backoff; the rest are the adapter's own.
+    (schema.OpenStackConfig, OpenStackSettings, {"backoff", "backoff_max", "resolve_ttl"}),
 ]
 
 
