@@ -221,19 +221,20 @@ def states(instances: list[pb.Instance]) -> dict[str, int]:
     return {i.id: i.status.instanceState for i in instances}
 
 
+def os_environment(sim: SimulatedOpenStack, **extra: str) -> dict[str, str]:
+    """The OS_* variables that reach ``sim`` with its default user, as every OpenStack tool
+    reads them, and ``extra`` ones (OS_REGION_NAME, OS_COMPUTE_API_VERSION...)."""
+    auth = sim.clouds_yaml_entry()["auth"]
+    keys = ("auth_url", "username", "password", "project_name")
+    keys += ("user_domain_name", "project_domain_name")
+    return {f"OS_{key.upper()}": auth[key] for key in keys} | extra
+
+
 def settings_for(sim: SimulatedOpenStack, **overrides: Any) -> OpenStackSettings:
     """Settings that reach ``sim`` with its default user, and retry fast."""
     entry = sim.clouds_yaml_entry()
-    auth = entry["auth"]
     values = {
-        "auth": OpenStackAuth(
-            auth_url=auth["auth_url"],
-            username=auth["username"],
-            password=auth["password"],
-            project_name=auth["project_name"],
-            user_domain_name=auth["user_domain_name"],
-            project_domain_name=auth["project_domain_name"],
-        ),
+        "auth": OpenStackAuth(**entry["auth"]),
         "region_name": entry["region_name"],
         "backoff": 0.01,
         "backoff_max": 0.05,

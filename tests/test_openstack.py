@@ -20,6 +20,7 @@ from support import (
     eventually,
     make_config,
     nodes,
+    os_environment,
     provider_id,
     seed_ours,
     settings_for,
@@ -155,16 +156,7 @@ async def test_error_shapes_map_to_their_classes(sim, cloud):
 
 async def test_pinned_low_microversion_is_refused(sim, tmp_path, monkeypatch):
     # Through the OS_* variables: an auth block in osas's configuration ignores them.
-    password = sim.clouds_yaml_entry()["auth"]
-    for name, value in {
-        "OS_AUTH_URL": password["auth_url"],
-        "OS_USERNAME": password["username"],
-        "OS_PASSWORD": password["password"],
-        "OS_PROJECT_NAME": password["project_name"],
-        "OS_USER_DOMAIN_NAME": password["user_domain_name"],
-        "OS_PROJECT_DOMAIN_NAME": password["project_domain_name"],
-        "OS_COMPUTE_API_VERSION": "2.1",
-    }.items():
+    for name, value in os_environment(sim, OS_COMPUTE_API_VERSION="2.1").items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("OS_CLOUD", raising=False)
     adapter = OpenStackCloud(OpenStackSettings(backoff=0.01, backoff_max=0.05))
@@ -269,16 +261,7 @@ async def test_application_credentials_and_plain_os_variables(sim, monkeypatch):
         await adapter.close()
 
     # Neither a cloud nor an auth block: OS_* variables, as every OpenStack tool reads them.
-    password = sim.clouds_yaml_entry()["auth"]
-    for name, value in {
-        "OS_AUTH_URL": password["auth_url"],
-        "OS_USERNAME": password["username"],
-        "OS_PASSWORD": password["password"],
-        "OS_PROJECT_NAME": password["project_name"],
-        "OS_USER_DOMAIN_NAME": password["user_domain_name"],
-        "OS_PROJECT_DOMAIN_NAME": password["project_domain_name"],
-        "OS_REGION_NAME": "RegionOne",
-    }.items():
+    for name, value in os_environment(sim, OS_REGION_NAME="RegionOne").items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("OS_CLOUD", raising=False)
     adapter = OpenStackCloud(OpenStackSettings())

@@ -3,14 +3,10 @@ message or a debug string, on the good paths and the bad ones."""
 
 from __future__ import annotations
 
-import logging
-
 import grpc
 import pytest
-import structlog
 from support import Provider, ca_client, make_config
 
-from osas.app import configure_logging
 from osas.backend import build_cloud
 from osas.cloud.errors import CloudError
 from osas.cloud.openstack import OpenStackCloud
@@ -18,14 +14,6 @@ from osas.config import load_config
 from osas.sim import SimulatedOpenStack
 from osas.sim.model import FakeNova
 from osas.sim.server import APP_CREDENTIAL_SECRET, DEFAULT_PASSWORD
-
-
-@pytest.fixture
-def logs_at_debug():
-    configure_logging("debug", "json")
-    yield
-    logging.getLogger().handlers.clear()
-    structlog.reset_defaults()
 
 
 async def exercise(provider: Provider, sim: SimulatedOpenStack) -> list[str]:

@@ -19,7 +19,15 @@ from pathlib import Path
 import pytest
 import trustme
 import yaml
-from support import Provider, config_data, make_config, osas_serve, read_events, write_config
+from support import (
+    Provider,
+    config_data,
+    make_config,
+    os_environment,
+    osas_serve,
+    read_events,
+    write_config,
+)
 
 from osas.backend import build_cloud
 from osas.sim import (
@@ -146,19 +154,9 @@ def test_a_wrong_application_credential_secret(sim, tmp_path):
 
 
 def test_a_pinned_compute_microversion(sim, tmp_path):
-    auth = sim.clouds_yaml_entry()["auth"]
     config = write_config(tmp_path, config_data(cloud_backend="openstack"))
-    line = serve(
-        config,
-        OS_AUTH_URL=auth["auth_url"],
-        OS_USERNAME=auth["username"],
-        OS_PASSWORD=auth["password"],
-        OS_PROJECT_NAME=auth["project_name"],
-        OS_USER_DOMAIN_NAME=auth["user_domain_name"],
-        OS_PROJECT_DOMAIN_NAME=auth["project_domain_name"],
-        OS_REGION_NAME="RegionOne",
-        OS_COMPUTE_API_VERSION="2.1",
-    ).one_line(EXIT_CLOUD)
+    environment = os_environment(sim, OS_REGION_NAME="RegionOne", OS_COMPUTE_API_VERSION="2.1")
+    line = serve(config, **environment).one_line(EXIT_CLOUD)
     assert "pinned to 2.1" in line
     assert "remove the pin" in line
 

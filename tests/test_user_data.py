@@ -7,14 +7,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import logging
 import os
 
 import pytest
-import structlog
 from support import Provider, ca_client, config_data, make_config, write_config
 
-from osas.app import configure_logging
 from osas.backend import build_cloud
 from osas.check import check_user_data
 from osas.config import ConfigError, load_config
@@ -236,14 +233,6 @@ def test_file_sources_reach_the_group_spec(tmp_path):
 
 
 # -- end to end: osas, openstacksdk and the simulated OpenStack ---------------------------------
-
-
-@pytest.fixture
-def logs_at_debug():
-    configure_logging("debug", "json")
-    yield
-    logging.getLogger().handlers.clear()
-    structlog.reset_defaults()
 
 
 async def test_a_secret_in_a_variable_file_reaches_the_server_and_nothing_else(  # noqa: PLR0915
