@@ -338,6 +338,7 @@ class App:
         """Run until ``stop``; ``serving`` is set once health says SERVING. Stopping works at
         any point, also while the first sync is still waiting for OpenStack."""
         logger.info("settings", **self.config.summary())
+        self.workers.report_unfilled_placeholders()
         await self.server.start()
         try:
             if self.ops is not None:

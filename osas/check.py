@@ -17,7 +17,14 @@ import anyio
 from osas.cloud.errors import CloudError
 from osas.cloud.port import Cloud, Reference
 from osas.config import OsasConfig
-from osas.engine.userdata import SecretFiles, UserDataError, build_user_data
+from osas.engine.userdata import (
+    SecretFiles,
+    UserDataError,
+    build_user_data,
+    read_template,
+    unfilled_hint,
+    unfilled_placeholders,
+)
 from osas.service.tls import CertificateError, inspect_files
 
 EXIT_OK = 0
@@ -97,19 +104,33 @@ async def check_cloud(config: OsasConfig, cloud: Cloud, out: TextIO, *, wait: fl
 
 def check_user_data(config: OsasConfig, out: TextIO) -> int:
     """Each group's user data built as for a create (files read, variables filled in, the size
-    checked); the content is never printed."""
+    checked), and every ``${name}`` it would leave as written; the content is never printed."""
     files = SecretFiles()
     problems = 0
     for spec in config.cluster_spec().node_groups:
-        name = f"{config.cluster_name}-{spec.group_id}-check"
+        group = spec.group_id
+        name = f"{config.cluster_name}-{group}-check"
         try:
             text = build_user_data(spec, cluster_name=config.cluster_name, name=name, files=files)
+            read = read_template(spec, files)  # as read for the build: not read twice
         except UserDataError as exc:
             out.write(f"user data: PROBLEM: {exc}\n")
             problems += 1
             continue
-        if text is not None:
-            out.write(f"user data: ok: node group {spec.group_id!r}, {len(text.encode())} bytes\n")
+        if text is None or read is None:
+            continue
+        template, source = read
+        unfilled = unfilled_placeholders(template, spec.user_data_vars)
+        out.writelines(
+            f"user data: PROBLEM: node group {group!r}: {source} line {placeholder.line}: "
+            f"${{{placeholder.name}}} names no variable; osas leaves it as written\n"
+            for placeholder in unfilled
+        )
+        if unfilled:
+            out.write(f"user data:   fix: {unfilled_hint(spec, unfilled)}\n")
+            problems += 1
+            continue
+        out.write(f"user data: ok: node group {group!r}, {len(text.encode())} bytes\n")
     out.write("\n")
     return EXIT_FAILED if problems else EXIT_OK
 

@@ -16,7 +16,13 @@ from osas.backend import build_cloud
 from osas.check import check_user_data
 from osas.config import ConfigError, load_config
 from osas.domain.specs import NodeGroupSpec
-from osas.engine.userdata import SecretFiles, UserDataError, build_user_data
+from osas.engine.userdata import (
+    SecretFiles,
+    Unfilled,
+    UserDataError,
+    build_user_data,
+    unfilled_placeholders,
+)
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.sim import SimulatedOpenStack
 from osas.sim.model import FakeNova
@@ -178,6 +184,95 @@ def test_non_utf8_file_is_refused(tmp_path):
     group = spec(user_data="${t}", user_data_vars={"t": str(tmp_path / "token")})
     with pytest.raises(UserDataError, match="not UTF-8 text"):
         build(group)
+
+
+# -- placeholders osas leaves as written ---------------------------------------------------------
+
+
+def test_every_braced_placeholder_no_variable_fills_is_found_with_its_line():
+    template = (
+        "#cloud-config\n"
+        "hostname: ${server_name}\n"
+        "runcmd:\n"
+        "  - echo ${join_token} ${ca_cert_hash} $${HOME} $uuid $(hostname)\n"
+        "  - echo ${cluster_name}-${node_group} ${ca_cert_hash}\n"
+    )
+    assert unfilled_placeholders(template, ["join_token"]) == (
+        Unfilled("ca_cert_hash", 4),
+        Unfilled("ca_cert_hash", 5),
+    )
+    assert unfilled_placeholders(template, ["join_token", "ca_cert_hash"]) == ()
+    assert str(Unfilled("ca_cert_hash", 4)) == "${ca_cert_hash} (line 4)"
+
+
+def warnings_logged(caplog) -> list[dict]:
+    """The warnings logged since the last call (structlog hands the stdlib its event dicts)."""
+    events = [
+        record.msg
+        for record in caplog.records
+        if isinstance(record.msg, dict)
+        and record.msg.get("event") == "user data leaves placeholders as written"
+    ]
+    caplog.clear()
+    return events
+
+
+async def test_serve_logs_placeholders_left_as_written_once_per_group_and_template(
+    tmp_path, caplog, logs_at_debug
+):
+    data = config_data()
+    data["node_groups"][0]["user_data"] = (
+        "#cloud-config\nruncmd:\n  - echo ${forgotten} $${HOME} $uuid ${server_name}\n"
+    )
+    path = write_config(tmp_path, data)
+    config = load_config(path)
+    provider = Provider(config, build_cloud(config), config_path=path)
+    await provider.start()
+    try:
+        at_start = warnings_logged(caplog)
+        assert provider.app.reload_once(force=True) == "applied"
+        after_an_unchanged_reload = warnings_logged(caplog)
+        data["node_groups"][0]["user_data"] += "# ${also_forgotten}\n"
+        write_config(tmp_path, data)
+        assert provider.app.reload_once() == "applied"
+        after_a_changed_template = warnings_logged(caplog)
+    finally:
+        await provider.stop()
+    assert [(e["node_group"], e["placeholders"]) for e in at_start] == [
+        ("workers", ["${forgotten} (line 3)"])
+    ]
+    assert at_start[0]["source"] == "user_data"
+    assert "write $${forgotten}" in at_start[0]["fix"]
+    assert after_an_unchanged_reload == []
+    assert [e["placeholders"] for e in after_a_changed_template] == [
+        ["${forgotten} (line 3)", "${also_forgotten} (line 4)"]
+    ]
+
+
+def test_check_config_lists_each_placeholder_left_as_written(tmp_path):
+    import io  # noqa: PLC0415
+
+    (tmp_path / "template").write_text("#cloud-config\n# ${join_token}\nx: ${a} ${b}\ny: ${a}\n")
+    (tmp_path / "token").write_text(TOKEN)
+    data = config_data()
+    data["node_groups"][0].pop("user_data")
+    data["node_groups"][0]["user_data_file"] = str(tmp_path / "template")
+    data["node_groups"][0]["user_data_vars"] = {"join_token": str(tmp_path / "token")}
+    out = io.StringIO()
+    assert check_user_data(load_config(write_config(tmp_path, data)), out) == 1
+    lines = out.getvalue().splitlines()
+    where = f"user data: PROBLEM: node group 'workers': {tmp_path / 'template'}"
+    assert lines[:4] == [
+        f"{where} line 3: ${{a}} names no variable; osas leaves it as written",
+        f"{where} line 3: ${{b}} names no variable; osas leaves it as written",
+        f"{where} line 4: ${{a}} names no variable; osas leaves it as written",
+        (
+            "user data:   fix: name it in user_data_vars (this group's: join_token; osas itself "
+            "fills cluster_name, node_group, server_name), or, if the shell is meant to expand "
+            "it, write $${a}, $${b}"
+        ),
+    ]
+    assert TOKEN not in out.getvalue()
 
 
 # -- configuration ----------------------------------------------------------------------------

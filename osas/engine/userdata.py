@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
@@ -66,6 +67,41 @@ class SecretFiles:
         return text
 
 
+@dataclass(frozen=True, slots=True)
+class Unfilled:
+    """A ``${name}`` of a template that names no variable: osas leaves it as written."""
+
+    name: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"${{{self.name}}} (line {self.line})"
+
+
+def unfilled_placeholders(template: str, variables: Iterable[str]) -> tuple[Unfilled, ...]:
+    """Every ``${name}`` in ``template`` that neither ``variables`` nor osas fills, with its
+    line. Only the braced form counts: ``$name`` is how a shell variable is written, and
+    ``$${name}`` is the escape for a braced one."""
+    known = BUILTIN_VARIABLES.union(variables)
+    return tuple(
+        Unfilled(match["braced"], template.count("\n", 0, match.start()) + 1)
+        for match in Template.pattern.finditer(template)
+        if match["braced"] is not None and match["braced"] not in known
+    )
+
+
+def unfilled_hint(spec: NodeGroupSpec, unfilled: Iterable[Unfilled]) -> str:
+    """What to do about ``unfilled``: name the variable, or escape it for the shell."""
+    names = sorted({placeholder.name for placeholder in unfilled})
+    declared = ", ".join(sorted(spec.user_data_vars)) or "none"
+    escaped = ", ".join(f"$${{{name}}}" for name in names)
+    return (
+        f"name it in user_data_vars (this group's: {declared}; osas itself fills "
+        f"{', '.join(sorted(BUILTIN_VARIABLES))}), or, if the shell is meant to expand it, "
+        f"write {escaped}"
+    )
+
+
 def render_user_data(
     template: str, *, cluster_name: str, group_id: str, name: str, **variables: str
 ) -> str:
@@ -87,6 +123,17 @@ def _in_strings(node: Any, values: dict[str, str]) -> Any:
     return node
 
 
+def read_template(spec: NodeGroupSpec, files: SecretFiles) -> tuple[str, str] | None:
+    """The group's template and where it comes from (its file, or ``user_data``); None when
+    the group has no user data. Raises UserDataError when the file cannot be read."""
+    if spec.user_data_file is not None:
+        where = f"node group {spec.group_id!r}: user_data_file"
+        return files.read(spec.user_data_file, where), spec.user_data_file
+    if spec.user_data is not None:
+        return spec.user_data, "user_data"
+    return None
+
+
 def build_user_data(
     spec: NodeGroupSpec, *, cluster_name: str, name: str, files: SecretFiles
 ) -> str | None:
@@ -95,14 +142,10 @@ def build_user_data(
     Raises UserDataError when a file is missing, unreadable or too large, when a ``json``
     template is not JSON, or when the result exceeds what Nova accepts."""
     group = spec.group_id
-    if spec.user_data_file is not None:
-        template = files.read(spec.user_data_file, f"node group {group!r}: user_data_file")
-        source = spec.user_data_file
-    elif spec.user_data is not None:
-        template = spec.user_data
-        source = "user_data"
-    else:
+    read = read_template(spec, files)
+    if read is None:
         return None
+    template, source = read
     values = {
         variable: files.read(path, f"node group {group!r}: user_data_vars.{variable}").rstrip(
             "\r\n"

@@ -24,7 +24,15 @@ from osas.engine.events import follow, log_next
 from osas.engine.metrics import EngineMetrics
 from osas.engine.queue import CreateTask, DeleteTask, Task, TaskQueue
 from osas.engine.settings import EngineSettings
-from osas.engine.userdata import SecretFiles, UserDataError, build_user_data, render_user_data
+from osas.engine.userdata import (
+    SecretFiles,
+    UserDataError,
+    build_user_data,
+    read_template,
+    render_user_data,
+    unfilled_hint,
+    unfilled_placeholders,
+)
 
 logger = structlog.get_logger(__name__)
 
@@ -84,10 +92,44 @@ class Workers:
         self._marks = OwnershipMarks(cluster.cluster_name)
         self._draining = anyio.Event()
         self._files = SecretFiles()
+        # Per group, the template and variables last checked for placeholders osas leaves as
+        # written: each is reported once, not at every create.
+        self._checked_templates: dict[str, int] = {}
 
     def use_cluster(self, cluster: ClusterSpec) -> None:
         """A reloaded configuration; a create of a group no longer configured is refused."""
         self._cluster = cluster
+        self.report_unfilled_placeholders()
+
+    def report_unfilled_placeholders(self) -> None:
+        """Log every ``${name}`` a group's user data would leave as written (a variable
+        forgotten in ``user_data_vars``, or a shell variable that needs ``$${name}``), once
+        per group and template. Called at start and on reload; creates check again when a
+        template file changed."""
+        for spec in self._cluster.node_groups:
+            self._check_template(spec)
+
+    def _check_template(self, spec: NodeGroupSpec) -> None:
+        try:
+            read = read_template(spec, self._files)
+        except UserDataError:
+            return  # each create of the group fails with the reason
+        if read is None:
+            return
+        template, source = read
+        checked = hash((template, tuple(sorted(spec.user_data_vars))))
+        if self._checked_templates.get(spec.group_id) == checked:
+            return
+        self._checked_templates[spec.group_id] = checked
+        unfilled = unfilled_placeholders(template, spec.user_data_vars)
+        if unfilled:
+            logger.warning(
+                "user data leaves placeholders as written",
+                node_group=spec.group_id,
+                source=source,
+                placeholders=[str(placeholder) for placeholder in unfilled],
+                fix=unfilled_hint(spec, unfilled),
+            )
 
     def drain(self) -> dict[str, int]:
         """Shutting down: queued deletes are still sent, by more workers than usual, and queued
@@ -160,6 +202,7 @@ class Workers:
             else:
                 try:
                     request = create_request(self._cluster, spec, task.request_id, self._files)
+                    self._check_template(spec)  # the file may have changed since the last
                 except UserDataError as exc:
                     # Refused, not sent: CA sees a failed create with this reason and backs off.
                     log.error("user data cannot be built; create refused", reason=str(exc))
