@@ -81,6 +81,28 @@ def config_data(**overrides: Any) -> dict[str, Any]:
     return data
 
 
+# A node group of what `osas sim` offers, for the lanes that run a real osas process against it.
+SIM_WORKERS: dict[str, Any] = {
+    "id": "workers",
+    "min_size": 0,
+    "max_size": 5,
+    "flavor": "m1.small",
+    "image": "ubuntu-24.04",
+    "networks": ["cluster-net"],
+    "user_data": "#cloud-config\nhostname: ${server_name}\n",
+}
+
+
+def wait_for(what: str, check: Any, timeout: float = 60.0) -> Any:
+    """``check()``'s first true answer, polled for up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (result := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+    return result
+
+
 def write_config(tmp_path: Path, data: dict[str, Any], name: str = "osas.yaml") -> Path:
     path = tmp_path / name
     path.write_text(yaml.safe_dump(data), encoding="utf-8")

@@ -22,6 +22,7 @@ testcontainers = pytest.importorskip(
 )
 docker = pytest.importorskip("docker", reason="the Docker SDK comes with testcontainers")
 
+from support import SIM_WORKERS, wait_for  # noqa: E402
 from testcontainers.core.container import DockerContainer  # noqa: E402
 
 from osas.demo.certs import DemoAuthority  # noqa: E402
@@ -70,34 +71,13 @@ def write_work(folder: Path) -> ClientTls:
         },
         "openstack": {"cloud": "osas-sim"},
         "reconcile": {"interval": "1s", "full_resync_interval": "10s"},
-        "node_groups": [
-            {
-                "id": "workers",
-                "min_size": 0,
-                "max_size": 5,
-                "flavor": "m1.medium",
-                "image": "ubuntu-24.04",
-                "networks": ["cluster-net"],
-                "user_data": "#cloud-config\nhostname: ${server_name}\n",
-            }
-        ],
+        "node_groups": [SIM_WORKERS],
     }
     (folder / "osas.yaml").write_text(yaml.safe_dump(config))
     folder.chmod(0o777)  # the simulator writes clouds.yaml here as 65532
     for path in folder.iterdir():
         path.chmod(0o644)
     return ClientTls(ca_pem=authority.cert_pem, cert_pem=client.cert_pem, key_pem=client.key_pem)
-
-
-def wait_for(what: str, check, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.5)
 
 
 async def scale_up(address: str, tls: ClientTls) -> list[pb.Instance]:

@@ -38,7 +38,7 @@ def test_base_manifest_config_is_valid(tmp_path):
     deployment = next(d for d in objects if d["kind"] == "Deployment")
     assert deployment["spec"]["replicas"] == 1  # one writer
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert container["image"] == f"ghcr.io/osas-project/osas:{osas.__version__}"
+    assert container["image"] == f"registry.invalid/osas:{osas.__version__}"  # never pulled
     tls_mount = next(m for m in container["volumeMounts"] if m["name"] == "tls")
     assert "subPath" not in tls_mount  # a subPath mount would never see a rotation
     assert str(config.tls.cert_file).startswith(tls_mount["mountPath"])

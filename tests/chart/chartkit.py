@@ -49,11 +49,19 @@ def chart_copy(folder: Path) -> Path:
     return target
 
 
+# Where the tests' installs pull the image from: the chart has no default (osas publishes none).
+EXAMPLE_REPOSITORY = "registry.example.com/osas"
+
+
 def render_files(
     chart: Path, values: dict[str, Any], *, name: str = "osas", namespace: str = "kube-system"
 ) -> dict[str, str]:
+    """The chart rendered with ``values``, and the example repository where they name none."""
+    image = {"repository": EXAMPLE_REPOSITORY, **values.get("image", {})}
     with helm.Chart.load(chart) as loaded:
-        return loaded.render(values=values, name=name, namespace=namespace, is_install=True)
+        return loaded.render(
+            values={**values, "image": image}, name=name, namespace=namespace, is_install=True
+        )
 
 
 def documents(rendered: dict[str, str]) -> list[dict[str, Any]]:

@@ -25,6 +25,7 @@ import anyio
 import helm_python as helm
 from chartkit import (
     CHART,
+    EXAMPLE_REPOSITORY,
     SHIPPED_FILES,
     chart_copy,
     documents,
@@ -34,6 +35,7 @@ from chartkit import (
     render_files,
     validate,
 )
+from node_examples import markdown_blocks
 from support import Provider, make_config
 
 import osas
@@ -313,6 +315,28 @@ def test_the_rendered_configuration_loads_with_osas_own_loader(rendered, scenari
     # Every group carries the label that keeps osas off the nodes it manages.
     for group in config.node_groups:
         assert group.labels["osas/node-group"] == group.group_id
+
+
+def test_the_install_pages_values_render_as_written(chart, tmp_path):
+    """docs/install.md's osas-values.yaml, as a user copies it: the image it names, the
+    bootstrap Secret mounted where its node group reads the template and the variables."""
+    (values,) = [
+        yaml.safe_load(block.text)
+        for block in markdown_blocks(CHART.parent.parent / "docs" / "install.md")
+        if block.lang == "yaml" and "userDataSecrets:" in block.text
+    ]
+    with helm.Chart.load(chart) as loaded:  # no example repository added: the page's own
+        files = loaded.render(values=values, name="osas", namespace="kube-system", is_install=True)
+    objects = documents(files)
+    for obj in objects:
+        validate(obj)
+    pod = deployment(objects)["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == f"registry.example.com/osas:{osas.__version__}"
+    config = load_rendered_config(objects, tmp_path)
+    mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    (group,) = config.node_groups
+    for path in [group.user_data_file, *group.user_data_vars.values()]:
+        assert str(Path(str(path)).parent) in mounts, path
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -596,7 +620,7 @@ def test_user_data_secrets_are_mounted_as_directories(rendered, tmp_path):
     assert volumes[mount["name"]]["secret"]["secretName"] == "osas-bootstrap"
     assert "/etc/ssl/keystone" in mounts
     assert {"name": "OSAS_QUEUE__WORKERS", "value": "8"} in pod["containers"][0]["env"]
-    assert pod["containers"][0]["image"] == "ghcr.io/osas-project/osas@sha256:" + "ab" * 32
+    assert pod["containers"][0]["image"] == f"{EXAMPLE_REPOSITORY}@sha256:" + "ab" * 32
     config = load_rendered_config(objects, tmp_path)
     for group in config.node_groups:
         assert str(group.user_data_file).startswith(mount["mountPath"])
@@ -656,6 +680,13 @@ def test_the_schema_refuses_values_that_would_not_work(chart, values, reason):
             {"config": {"metrics_listen": None}, "metrics": {"serviceMonitor": {"enabled": True}}},
             "metrics.serviceMonitor.enabled needs config.metrics_listen",
         ),
+        (
+            {"image": {"repository": ""}},  # the chart's default: osas publishes no image
+            (
+                "image.repository is not set: osas publishes no image. Build it from the "
+                "repository's Containerfile"
+            ),
+        ),
     ],
 )
 def test_templates_refuse_with_a_clear_message(chart, values, reason):
@@ -666,7 +697,8 @@ def test_templates_refuse_with_a_clear_message(chart, values, reason):
 
 
 def test_lint_is_clean(chart):
-    for values in ({}, SCENARIOS["monitoring"][1], SCENARIOS["network-policy"][1]):
+    for scenario in ({}, SCENARIOS["monitoring"][1], SCENARIOS["network-policy"][1]):
+        values = {**scenario, "image": {"repository": EXAMPLE_REPOSITORY}}
         report = helm.lint(chart, values, strict=True, namespace="kube-system")
         problems = [m for m in report["messages"] if m["severity"] >= 2]
         assert not problems, problems
@@ -763,7 +795,7 @@ def test_the_helm_test_script_dials_osas_as_ca_does(rendered, tmp_path):
     [port] = ports
     output = done.stdout.decode()
     assert done.returncode == 0, output + done.stderr.decode()
-    assert f"health of localhost:{port}: 1" in output  # SERVING
+    assert f"health of localhost:{port}: SERVING" in output
     assert "node group workers: min 1, max 10" in output
 
 

@@ -46,6 +46,9 @@ app.kubernetes.io/component: test
 {{- end }}
 
 {{- define "osas.image" -}}
+{{- if not .Values.image.repository }}
+{{- fail "image.repository is not set: osas publishes no image. Build it from the repository's Containerfile, push it to a registry your cluster pulls from, and set image.repository (and image.tag or image.digest): docs/install.md, \"The image\"" }}
+{{- end }}
 {{- if .Values.image.digest -}}
 {{ .Values.image.repository }}@{{ .Values.image.digest }}
 {{- else -}}
