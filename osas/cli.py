@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -23,35 +23,90 @@ from osas.backend import build_cloud
 from osas.check import EXIT_CLOUD, EXIT_CONFIG, EXIT_FAILED, EXIT_TLS, check_config
 from osas.cloud.errors import CloudError
 from osas.config import CONFIG_ENV, ConfigError, OsasConfig, load_config
-from osas.demo.certs import CLIENT_NAME, write_local_certs
-from osas.demo.session import main as run_demo
 from osas.engine.status import render_status
 from osas.service.ops_server import fetch_status
 from osas.service.server import BindError
 from osas.service.tls import CertificateError
-from osas.sim import run_sim
 
 logger = structlog.get_logger(__name__)
 
+EXIT_USAGE = 2  # argparse's own code for a command line it refuses
 EXIT_BIND = 5
+EXIT_OUTPUT = 6
+EXIT_EXTRA = 7
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
+# The modules of the optional extra `bench` (pyproject.toml) that osas bench imports.
+_BENCH_EXTRA = frozenset({"trustme", "pyinstrument"})
 
 _EXIT_CODES = f"""\
-exit codes of serve and check-config:
-  0  ran and stopped cleanly (serve); everything checked out (check-config)
+exit codes (docs/cli.md):
+  0  ran and stopped cleanly (serve, sim); everything checked out (check-config); ready (status)
   1  check-config: a name the configuration uses is not found in the cloud, or user data
-     cannot be built;
+     cannot be built or leaves a ${{name}} as written; status: not ready;
      serve: an unexpected failure (a bug; the log holds its traceback as JSON)
-  {EXIT_CONFIG}  the configuration is invalid (file, key and reason are printed)
+  {EXIT_CONFIG}  the command line or the configuration is invalid (what, and why, is printed)
   {EXIT_CLOUD}  the cloud cannot be used: credentials, endpoint, cloud name, clouds.yaml
-     missing, compute microversion
+     missing, compute microversion; status: osas did not answer
   {EXIT_TLS}  the TLS files cannot serve: missing or unreadable, key and certificate do not
      match, expired or not yet valid, tls.server_names not covered
-  {EXIT_BIND}  serve: cannot listen on listen, health_listen or metrics_listen (address in
-     use, not an address of this host)
+  {EXIT_BIND}  serve, sim: cannot listen (address in use, not an address of this host)
+  {EXIT_OUTPUT}  certs, sim, bench: a file or folder it must write cannot be written
+  {EXIT_EXTRA}  bench: the optional extra it needs is not installed
+  {EXIT_INTERRUPTED}  interrupted (Ctrl-C) before it was done
 
-A startup failure prints one line "osas: ..." on stderr naming the cause and what to fix, after
-the JSON log events (one of them, "startup failed", carries the same reason), and no traceback.
+Every failure ends in one line "osas ...: ..." on stderr that names the cause and what to fix
+(serve prints it after its JSON log events, one of which, "startup failed", carries the same
+reason); a traceback means a bug.
 """
+
+
+class CommandError(Exception):
+    """What stops a command, said in one line, with the exit code it ends with."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _port(text: str) -> int:
+    port = int(text) if text.isdigit() else -1
+    if not 0 <= port <= 65535:  # noqa: PLR2004 - the port range
+        raise argparse.ArgumentTypeError(f"not a port number (0 to 65535): {text!r}")
+    return port
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"not a whole number of at least 1: {text!r}")
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"not a number of seconds (0 or more): {text!r}")
+    return seconds
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(_count(part.strip()) for part in text.split(","))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of server counts: {text!r}"
+        ) from None
+
+
+def _writable_folder(folder: Path, what: str) -> None:
+    """Refuse at once, not after the work, when ``folder`` cannot take the output."""
+    existing = next((f for f in (folder, *folder.parents) if f.exists()), folder)
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        reason = "not a folder" if not existing.is_dir() else "not writable"
+        raise CommandError(f"cannot write {what} in {folder}: {existing} is {reason}", EXIT_OUTPUT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,40 +174,66 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get(CONFIG_ENV),
         help=f"YAML configuration file (default: ${CONFIG_ENV})",
     )
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
-    serve.add_argument("--log-format", default="json", choices=["json", "console"])
+    serve.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning"],
+        help="the least severe events written to stderr (default: info)",
+    )
+    serve.add_argument(
+        "--log-format",
+        default="json",
+        choices=["json", "console"],
+        help="one JSON object per line, or lines for people (default: json)",
+    )
     check = commands.add_parser(
         "check-config",
         help="validate the configuration and its TLS files, and resolve its names in the cloud",
         epilog=_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    check.add_argument("--config", type=Path, default=os.environ.get(CONFIG_ENV))
+    check.add_argument(
+        "--config",
+        type=Path,
+        default=os.environ.get(CONFIG_ENV),
+        help=f"YAML configuration file (default: ${CONFIG_ENV})",
+    )
     check.add_argument(
         "--wait",
-        type=float,
+        type=_seconds,
         default=0.0,
         metavar="SECONDS",
         help="while the cloud cannot be used (starting, clouds.yaml not yet written), try "
         "again every second for up to SECONDS before reporting it (default: 0)",
     )
-    sim = commands.add_parser("sim", help="serve a simulated OpenStack on 127.0.0.1")
-    sim.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    sim = commands.add_parser(
+        "sim",
+        help="serve a simulated OpenStack on 127.0.0.1",
+        description="A simulated OpenStack (Keystone, Nova, Glance, Neutron) on 127.0.0.1, "
+        "for a local try of osas or the openstack CLI; it runs until Ctrl-C or SIGTERM.",
+        epilog=_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sim.add_argument("--port", type=_port, default=0, help="0 picks a free port")
     sim.add_argument(
         "--clouds-yaml", type=Path, help="write a clouds.yaml with an 'osas-sim' entry here"
     )
     sim.add_argument(
-        "--build-seconds", type=float, default=3.0, help="how long servers stay in BUILD"
+        "--build-seconds", type=_seconds, default=3.0, help="how long servers stay in BUILD"
     )
     sim.add_argument(
         "--delete-seconds",
-        type=float,
+        type=_seconds,
         default=0.0,
         help="how long a deleted server stays ACTIVE with task_state 'deleting' (real Nova: 0.5-2)",
     )
     certs = commands.add_parser(
         "certs",
         help="certificates for a local try: a CA, osas's server certificate, CA's client one",
+        description="A private CA, a server certificate for osas and a client certificate for "
+        "the Cluster Autoscaler, for a local try (production: cert-manager, docs/install.md).",
+        epilog=_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     certs.add_argument("--out", type=Path, required=True, help="the folder to write them to")
     certs.add_argument(
@@ -162,12 +243,12 @@ def _parser() -> argparse.ArgumentParser:
         help="another DNS name or IP address the server certificate covers (repeatable); "
         "localhost and 127.0.0.1 always are",
     )
-    certs.add_argument("--days", type=int, default=30, help="how long they are valid")
+    certs.add_argument("--days", type=_count, default=30, help="how long they are valid")
     status = commands.add_parser(
         "status",
         help="what a running osas is doing, read from /status on its metrics_listen",
-        epilog="exit codes: 0 ready, 1 not ready, 2 no address to ask (no --url, or no "
-        "metrics_listen in the configuration), 3 osas did not answer",
+        epilog=_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     status.add_argument("--url", help="the metrics port, e.g. http://127.0.0.1:9090")
     status.add_argument(
@@ -179,16 +260,43 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print the /status document")
     status.add_argument(
         "--wait",
-        type=float,
+        type=_seconds,
         default=0.0,
         metavar="SECONDS",
         help="wait up to this long for osas to answer and be ready (for scripts)",
     )
-    commands.add_parser("demo", help="a Cluster Autoscaler session against a simulated cloud")
-    bench = commands.add_parser(
-        "bench", help="osas against the bare gRPC limit at 1k-50k servers (osas bench --help)"
+    commands.add_parser(
+        "demo",
+        help="a Cluster Autoscaler session against a simulated cloud",
+        description="Starts a simulated OpenStack and osas with fresh mTLS certificates on "
+        "127.0.0.1, and plays a short Cluster Autoscaler session against them, narrated: a "
+        "scale-up, a quota failure reported and cleaned up, a scale-down. No options.",
     )
-    bench.add_argument("bench_args", nargs=argparse.REMAINDER, metavar="...")
+    bench = commands.add_parser(
+        "bench",
+        help="osas against the bare gRPC limit at 1k-50k servers (needs osas[bench])",
+        description="Runs the simulated OpenStack, osas and a bare gRPC server side by side "
+        "on 127.0.0.1, replays the Cluster Autoscaler's calls against both, and writes a report "
+        "(some 15 minutes on 2 cores). Needs the bench extra: pip install 'osas[bench]'.",
+        epilog=_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    bench.add_argument("--quick", action="store_true", help="1k and 5k servers, 2 rounds")
+    bench.add_argument(
+        "--sizes",
+        type=_sizes,
+        metavar="N,N,...",
+        help="server counts to measure at (default: 1000,10000,50000)",
+    )
+    bench.add_argument(
+        "--rounds", type=_count, metavar="N", help="rounds per size (default: 5, --quick 2)"
+    )
+    bench.add_argument(
+        "--out",
+        type=Path,
+        default=Path("docs/BENCHMARKS.md"),
+        help="the report to write (default: docs/BENCHMARKS.md)",
+    )
     return parser
 
 
@@ -235,23 +343,21 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _config_for(command: str, path: Path | None, give: str) -> OsasConfig | None:
-    """The configuration a command reads; None once the reason is on stderr (exit 2)."""
+def _config_for(path: Path | None, give: str) -> OsasConfig:
+    """The configuration a command reads; a CommandError (exit 2) saying why it cannot."""
     if path is None:
-        sys.stderr.write(f"osas {command}: give {give} or set {CONFIG_ENV}\n")
-        return None
+        raise CommandError(f"give {give} or set {CONFIG_ENV}", EXIT_CONFIG)
     try:
         return load_config(path)
     except ConfigError as exc:
-        sys.stderr.write(f"osas {command}: configuration error:\n{exc}\n")
-        return None
+        problems = str(exc)  # one per line: on the same line when there is one
+        separator = "\n" if "\n" in problems else " "
+        raise CommandError(f"configuration error:{separator}{problems}", EXIT_CONFIG) from exc
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
     configure_logging("warning", "console")
-    config = _config_for("check-config", args.config, "--config FILE")
-    if config is None:
-        return EXIT_CONFIG
+    config = _config_for(args.config, "--config FILE")
     return anyio.run(partial(check_config, wait=args.wait), config, build_cloud(config), sys.stdout)
 
 
@@ -265,12 +371,9 @@ def status_url(metrics_listen: str) -> str:
 def _cmd_status(args: argparse.Namespace) -> int:
     url = args.url
     if url is None:
-        config = _config_for("status", args.config, "--url URL, --config FILE")
-        if config is None:
-            return EXIT_CONFIG
+        config = _config_for(args.config, "--url URL, --config FILE")
         if config.metrics_listen is None:
-            sys.stderr.write(f"osas status: {args.config} sets no metrics_listen; give --url\n")
-            return EXIT_CONFIG
+            raise CommandError(f"{args.config} sets no metrics_listen; give --url", EXIT_CONFIG)
         url = status_url(config.metrics_listen)
     deadline = time.monotonic() + args.wait
     while True:
@@ -280,8 +383,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
             if time.monotonic() < deadline:
                 time.sleep(0.5)
                 continue
-            sys.stderr.write(f"osas status: no answer from {url}/status: {exc}\n")
-            return EXIT_CLOUD
+            raise CommandError(f"no answer from {url}/status: {exc}", EXIT_CLOUD) from exc
         if status.get("ready") or time.monotonic() >= deadline:
             break
         time.sleep(0.5)
@@ -290,14 +392,31 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_sim(args: argparse.Namespace) -> int:
+    from osas.sim import CannotListen, CloudsYamlUnwritable, run_sim  # noqa: PLC0415 - a kit
+
     configure_logging("info", "console")
-    run_sim(args.port, args.clouds_yaml, args.build_seconds, delete_seconds=args.delete_seconds)
+    if args.clouds_yaml is not None:
+        _writable_folder(args.clouds_yaml.parent, args.clouds_yaml.name)
+    try:
+        run_sim(args.port, args.clouds_yaml, args.build_seconds, delete_seconds=args.delete_seconds)
+    except CannotListen as exc:
+        raise CommandError(f"{exc}: stop what listens there, or choose --port", EXIT_BIND) from exc
+    except CloudsYamlUnwritable as exc:
+        raise CommandError(str(exc), EXIT_OUTPUT) from exc
     return 0
 
 
 def _cmd_certs(args: argparse.Namespace) -> int:
+    from osas.demo.certs import CLIENT_NAME, write_local_certs  # noqa: PLC0415 - a kit
+
     names = tuple(dict.fromkeys(("localhost", "127.0.0.1", *args.name)))
-    written = write_local_certs(args.out, names, args.days)
+    _writable_folder(args.out, "the certificates")
+    try:
+        written = write_local_certs(args.out, names, args.days)
+    except OSError as exc:
+        raise CommandError(
+            f"cannot write the certificates in {args.out}: {exc.strerror}", EXIT_OUTPUT
+        ) from exc
     out = args.out
     sys.stdout.write(
         f"wrote {', '.join(str(p) for p in written)}\n"
@@ -317,28 +436,55 @@ def _cmd_certs(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    arguments = list(sys.argv[1:] if argv is None else argv)
-    if arguments[:1] == ["bench"]:
-        # Its options are its own; imported here, so that its dependencies stay out of every
-        # other command's start.
-        from osas.bench.run import main as run_bench  # noqa: PLC0415
+def _cmd_demo(args: argparse.Namespace) -> int:  # noqa: ARG001 - it takes no option
+    from osas.demo.session import main as run_demo  # noqa: PLC0415 - a kit
 
-        return run_bench(arguments[1:])
-    args = _parser().parse_args(arguments)
-    commands = {
-        "serve": _cmd_serve,
-        "check-config": _cmd_check,
-        "sim": _cmd_sim,
-        "status": _cmd_status,
-        "certs": _cmd_certs,
-    }
-    command = commands.get(args.command)
-    if command is not None:
-        return command(args)
     # The demo narrates on stdout; expected refusals (the quota step) need no log lines.
     configure_logging("error", "console")
     return run_demo()
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    _writable_folder(args.out.parent, args.out.name)
+    try:
+        from osas.bench.run import FULL, QUICK, run_benchmark  # noqa: PLC0415 - an extra's kit
+    except ModuleNotFoundError as exc:
+        if exc.name not in _BENCH_EXTRA:
+            raise
+        raise CommandError(
+            f"needs the bench extra, which is not installed ({exc.name} is missing): "
+            "pip install 'osas[bench]'",
+            EXIT_EXTRA,
+        ) from exc
+    plan = QUICK if args.quick else FULL
+    return run_benchmark(plan, sizes=args.sizes, rounds=args.rounds, out=args.out)
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "serve": _cmd_serve,
+    "check-config": _cmd_check,
+    "sim": _cmd_sim,
+    "status": _cmd_status,
+    "certs": _cmd_certs,
+    "demo": _cmd_demo,
+    "bench": _cmd_bench,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except CommandError as exc:
+        sys.stderr.write(f"osas {args.command}: {exc}\n")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write(f"osas {args.command}: interrupted\n")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`osas status | head -1`): nothing more to say, to anyone.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ complete listings, Nova traffic, memory). Last, 100 creates at the default setti
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import dataclasses
@@ -812,22 +811,14 @@ async def run(plan: Plan, out: Path) -> None:
     write_report(out, machine(), dataclasses.asdict(plan), results, creates)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="osas bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1k and 5k servers, 2 rounds")
-    parser.add_argument("--sizes", help="comma-separated server counts (default 1000,10000,50000)")
-    parser.add_argument("--rounds", type=int, help="rounds per size (default 5)")
-    parser.add_argument("--out", type=Path, default=Path("docs/BENCHMARKS.md"))
-    args = parser.parse_args(argv)
-    plan = QUICK if args.quick else FULL
-    if args.sizes:
-        plan = dataclasses.replace(plan, sizes=tuple(int(s) for s in args.sizes.split(",")))
-    if args.rounds:
-        plan = dataclasses.replace(plan, rounds=args.rounds)
-    asyncio.run(run(plan, args.out))
-    print(f"written: {args.out}")  # noqa: T201
+def run_benchmark(
+    plan: Plan, *, sizes: tuple[int, ...] | None, rounds: int | None, out: Path
+) -> int:
+    """``osas bench``: the plan, with the sizes and rounds asked for, and the report written."""
+    if sizes:
+        plan = dataclasses.replace(plan, sizes=sizes)
+    if rounds:
+        plan = dataclasses.replace(plan, rounds=rounds)
+    asyncio.run(run(plan, out))
+    print(f"written: {out}")  # noqa: T201
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,6 +12,8 @@ from osas.sim.server import (
     DEFAULT_PASSWORD,
     DEFAULT_PROJECT,
     DEFAULT_USER,
+    CannotListen,
+    CloudsYamlUnwritable,
     SimulatedOpenStack,
     run_sim,
 )
@@ -23,6 +25,8 @@ __all__ = [
     "DEFAULT_PASSWORD",
     "DEFAULT_PROJECT",
     "DEFAULT_USER",
+    "CannotListen",
+    "CloudsYamlUnwritable",
     "SimulatedOpenStack",
     "run_sim",
 ]

@@ -352,7 +352,12 @@ class SimulatedOpenStack:
         target = Path(path)
         document: dict[str, Any] = {}
         if target.exists():
-            loaded = yaml.safe_load(target.read_text()) or {}
+            try:
+                loaded = yaml.safe_load(target.read_text()) or {}
+            except yaml.YAMLError as exc:
+                mark = getattr(exc, "problem_mark", None)
+                where = f" (line {mark.line + 1})" if mark is not None else ""
+                raise ValueError(f"{target} is not YAML{where}") from exc
             if not isinstance(loaded, dict):
                 raise ValueError(f"{target} is not a clouds.yaml mapping")
             document = loaded
@@ -450,6 +455,14 @@ def _stable_uuid(kind: str, name: str) -> str:
     return str(uuid.UUID(stable_id(kind, name)))
 
 
+class CannotListen(Exception):
+    """``osas sim`` cannot bind its port."""
+
+
+class CloudsYamlUnwritable(Exception):
+    """``osas sim`` cannot write its entry into the clouds.yaml it was given."""
+
+
 def run_sim(
     port: int,
     clouds_yaml: Path | None,
@@ -467,13 +480,24 @@ def run_sim(
     stop = stop or threading.Event()
     nova = FakeNova(build_seconds=build_seconds, delete_seconds=delete_seconds)
     simulator = SimulatedOpenStack(nova, port=port)
-    with simulator, _stop_on_sigterm(stop):
-        if clouds_yaml is not None:
-            simulator.write_clouds_yaml(clouds_yaml)
-        print(describe(simulator, clouds_yaml), flush=True)  # noqa: T201 - the CLI's output
-        with contextlib.suppress(KeyboardInterrupt):
-            while not stop.wait(0.2):
-                pass
+    try:
+        simulator.start()
+    except OSError as exc:
+        raise CannotListen(f"cannot listen on 127.0.0.1:{port}: {exc.strerror}") from exc
+    try:
+        with _stop_on_sigterm(stop):
+            if clouds_yaml is not None:
+                try:
+                    simulator.write_clouds_yaml(clouds_yaml)
+                except (OSError, ValueError) as exc:
+                    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                    raise CloudsYamlUnwritable(f"cannot write {clouds_yaml}: {reason}") from exc
+            print(describe(simulator, clouds_yaml), flush=True)  # noqa: T201 - the CLI's output
+            with contextlib.suppress(KeyboardInterrupt):
+                while not stop.wait(0.2):
+                    pass
+    finally:
+        simulator.stop()
 
 
 def describe(simulator: SimulatedOpenStack, clouds_yaml: Path | None) -> str:
