@@ -10,7 +10,6 @@ calls run in daemon threads, so nothing holds the process) and the cloud client 
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import gc
 import hashlib
 import logging
@@ -30,6 +29,7 @@ from osas.config import RELOADABLE, ConfigError, OsasConfig, load_config
 from osas.domain.inventory import Inventory
 from osas.engine.collector import EngineCollector
 from osas.engine.controller import Controller
+from osas.engine.events import follow
 from osas.engine.metrics import EngineMetrics
 from osas.engine.queue import TaskQueue
 from osas.engine.reconciler import Reconciler
@@ -160,7 +160,7 @@ class App:
         self.settings = settings
         self.inventory = Inventory(cluster, config.ledger_settings())
         self.queue = TaskQueue(settings.queue_capacity)
-        metrics = EngineMetrics(self.registry, cluster, self.inventory.ledger)
+        metrics = EngineMetrics(self.registry, cluster)
         self._engine_metrics = metrics
         self._reloads = Counter(
             "osas_config_reloads",
@@ -171,24 +171,19 @@ class App:
         )
         for result in ("applied", "rejected", "unchanged"):
             self._reloads.labels(result)
-        self.reconciler = Reconciler(
-            cluster, cloud, self.inventory, self.queue, settings, metrics=metrics
-        )
-        self.workers = Workers(
-            cluster, cloud, self.inventory, self.queue, settings, metrics=metrics
-        )
+        self.reconciler = Reconciler(cloud, self.inventory, self.queue, settings, metrics=metrics)
+        self.workers = Workers(cloud, self.inventory, self.queue, settings, metrics=metrics)
         self.controller = Controller(
-            cluster, self.inventory, self.queue, self.reconciler, settings, metrics=metrics
+            self.inventory, self.queue, self.reconciler, settings, metrics=metrics
         )
         server_settings = config.server_settings()
         self.server = ProviderServer(self.controller, server_settings, registry=self.registry)
         self._status_sources = StatusSources(
             version=__version__,
-            cluster=cluster,
             inventory=self.inventory,
             queue=self.queue,
             reconciler=self.reconciler,
-            census=Census(self.inventory, (spec.group_id for spec in cluster.node_groups)),
+            census=Census(self.inventory),
             workers=settings.workers,
             clock=anyio.current_time,
             readiness=self.readiness,
@@ -213,7 +208,6 @@ class App:
     def _register_collectors(self) -> None:
         sources, registry = self._status_sources, self.registry
         self._collector = EngineCollector(
-            cluster=sources.cluster,
             inventory=self.inventory,
             queue=self.queue,
             reconciler=self.reconciler,
@@ -253,7 +247,7 @@ class App:
         """SIGHUP: read the configuration file again now."""
         self._reload_requested.set()
 
-    def reload_once(self, *, force: bool = False) -> str:
+    async def reload_once(self, *, force: bool = False) -> str:
         """Read the configuration file; apply it if it changed (or ``force``) and loads.
         "applied", "unchanged" or "rejected" (the configuration in force stays)."""
         path = self.config_path
@@ -278,7 +272,7 @@ class App:
                 "configuration changes that need a restart are not applied",
                 keys=restart_only,
             )
-        self.use_cluster(new)
+        await self.use_cluster(new)
         self._reloads.labels("applied").inc()
         logger.info(
             "configuration reloaded",
@@ -287,21 +281,30 @@ class App:
         )
         return "applied"
 
-    def use_cluster(self, config: OsasConfig) -> None:
-        """Apply the reloadable part of ``config`` (its cluster spec) to every part at once:
-        nothing here awaits, so no call sees one part changed and another not."""
+    async def use_cluster(self, config: OsasConfig) -> None:
+        """Apply the reloadable part of ``config``: the flavors of new and changed groups are
+        fetched first (a new group answers NodeGroupTemplateNodeInfo at once), then the
+        ledger takes the new cluster and plans what it means for the work in hand, in one step
+        with no await inside, so no call sees half of it."""
         cluster = config.cluster_spec()
+        before = {spec.group_id: spec.flavor for spec in self.inventory.cluster.node_groups}
+        fresh = [spec for spec in cluster.node_groups if before.get(spec.group_id) != spec.flavor]
+        try:
+            flavors = await self.reconciler.flavors_of(fresh)
+        except CloudError as exc:
+            logger.warning("flavors of reloaded node groups not fetched yet", error=str(exc))
+            flavors = [(spec, None) for spec in fresh]
+            self.reconciler.want_flavors(spec.group_id for spec in fresh)
         self.config = self.config.model_copy(
             update={name: getattr(config, name) for name in RELOADABLE}
         )
-        self.controller.use_cluster(cluster)
-        self.workers.use_cluster(cluster)
-        self.reconciler.use_cluster(cluster)  # the ledger too, and a nudge for new flavors
+        steps = self.inventory.ledger.use_cluster(cluster, anyio.current_time())
+        for spec, flavor in flavors:
+            self.inventory.snapshot.set_flavor(spec.group_id, flavor)
+        follow(steps, self.queue, self._engine_metrics)
         self._engine_metrics.add_groups(cluster)
-        self._collector.use_cluster(cluster)
-        group_ids = [spec.group_id for spec in cluster.node_groups]
-        self._status_sources.census.use_groups(group_ids)
-        self._status_sources = dataclasses.replace(self._status_sources, cluster=cluster)
+        self.workers.report_unfilled_placeholders()
+        self.reconciler.nudge()  # flavors that could not be fetched, and a fresh review
 
     async def run_config_watcher(self) -> None:
         """Reload when the file's content changes (a ConfigMap update swaps a symlink, so the
@@ -311,7 +314,7 @@ class App:
                 await self._reload_requested.wait()
             forced = self._reload_requested.is_set()
             self._reload_requested = anyio.Event()
-            result = self.reload_once(force=forced)
+            result = await self.reload_once(force=forced)
             if result == "unchanged" and forced:
                 self._reloads.labels("unchanged").inc()
 

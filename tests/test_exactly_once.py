@@ -22,7 +22,6 @@ import grpc
 import pytest
 import yaml
 from support import (
-    CLUSTER,
     Provider,
     big_config,
     ca_client,
@@ -303,36 +302,6 @@ async def test_quota_in_every_form_is_out_of_resources(tmp_path, fault, message)
                     OUT_OF_RESOURCES,
                 )
                 assert message in error.errorMessage
-        finally:
-            await provider.stop()
-
-
-async def test_two_servers_of_one_request_keep_one(tmp_path):
-    """However they came about (an earlier osas, a client that resent), two servers carrying
-    one request id: one is kept, the other deleted, and the target counts one."""
-    with SimulatedOpenStack(FakeNova()) as sim:
-        request_id = "0123456789abcdef0123456789abcdef"
-        for _ in range(2):
-            sim.nova.seed(
-                name=f"{CLUSTER}-big-{request_id[:10]}",
-                metadata={
-                    "osas-cluster": CLUSTER,
-                    "osas-node-group": "big",
-                    META_REQUEST: request_id,
-                },
-                tags=[f"osas-cluster={CLUSTER}", f"osas-request={request_id}"],
-            )
-        provider = Provider(big_config(tmp_path), cloud_for(sim))
-        await provider.start()
-        try:
-            async with ca_client(provider.address) as ca:
-                assert await ca.target_size("big") == 1
-                await eventually(
-                    lambda: len(ours(sim)) == 1, timeout=10, what="the duplicate deleted"
-                )
-                await provider.sync(full=True)
-                assert await ca.target_size("big") == 1
-                assert len(kept(await ca.nodes("big"))) == 1
         finally:
             await provider.stop()
 

@@ -5,7 +5,8 @@ the engine does, against a model of Nova that can store a create late, twice, or
 answer, refuse it, and forget everything osas had in memory (a restart). After every
 convergence (the faults stop, deletes are carried out, a complete listing is settled):
 
-- at most one server per create request is kept;
+- at most one server per create request this process sent is kept; several servers of one
+  request an earlier life sent are kept and reported, never deleted;
 - the servers of the group plus the creates in hand never exceed max_size;
 - the target never exceeds max_size, at any step;
 - only servers the ledger was shown are ever deleted.
@@ -30,6 +31,8 @@ from osas.domain.ledger import (
     CreateState,
     DeleteOrder,
     DeleteOutcome,
+    DeleteReason,
+    EventKind,
     InDoubt,
     LedgerSettings,
     Next,
@@ -86,6 +89,8 @@ class LedgerMachine(RuleBasedStateMachine):
         self.deletes = []
         # Requests CA gave up in this process's lifetime: a server of theirs must never be kept.
         self.given_up: set[str] = set()
+        self.sent: set[str] = set()  # requests this process sent
+        self.reported_shared: set[str] = set()  # requests reported as shared by servers
         self._list(full=True)
         # A kill can lose an accepted delete (memory only): the next process adopts the server,
         # even above max_size, and leaves it to CA's scale-down. It never adds to that.
@@ -123,7 +128,14 @@ class LedgerMachine(RuleBasedStateMachine):
     def _follow(self, steps: Next) -> None:
         for order in steps.deletes:
             assert order.server_id in self.shown or order.server_id in self.nova, order
+            if order.reason is DeleteReason.DUPLICATE:
+                # Only a second server of a request this process sent.
+                request_id = self.nova[order.server_id].server.request_id
+                assert request_id in self.sent, order
         self.deletes.extend(steps.deletes)
+        self.reported_shared.update(
+            e.request_id for e in steps.events if e.kind is EventKind.SHARED_REQUEST_KEPT
+        )
 
     # -- CA ---------------------------------------------------------------------------------------
 
@@ -226,6 +238,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.queued.remove(request_id)
         if self.ledger.take_create(request_id) is None:
             return
+        self.sent.add(request_id)
         sends = 0
         while True:
             sends += 1
@@ -358,7 +371,9 @@ class LedgerMachine(RuleBasedStateMachine):
         self._list(full=True)
         live = self._live()
         per_request = Counter(s.request_id for s in live)
-        assert max(per_request.values(), default=0) <= 1, per_request
+        shared = {request_id for request_id, count in per_request.items() if count > 1}
+        assert not shared & self.sent, per_request  # this process's: one server each
+        assert shared <= self.reported_shared, per_request  # an earlier life's: reported
         pending = sum(1 for _ in self.ledger.creates_of("workers"))
         assert len(live) + pending <= MAX_SIZE, (len(live), pending)
         assert not self.deletes

@@ -211,9 +211,9 @@ async def test_incremental_sync_sees_creates_updates_and_deletions(sim, tmp_path
         await provider.sync(full=False)
         assert app.inventory.server(doomed) is None
         assert app.controller.target_size("workers") == 2
-        # One incremental listing plus one look-up of the server being deleted.
+        # One incremental listing, untagged: it shows the server DELETED. No look-up.
         assert sim.calls["compute.servers.list"] == 1
-        assert sim.calls["compute.servers.get"] == 1
+        assert sim.calls["compute.servers.get"] == 0
     finally:
         await provider.stop()
 

@@ -52,7 +52,7 @@ def reconciler_for(tmp_path, cloud, **config) -> tuple[Reconciler, Inventory]:
     loaded = load_config(write_config(tmp_path, config_data(**config)))
     cluster = loaded.cluster_spec()
     inventory = Inventory(cluster)
-    reconciler = Reconciler(cluster, cloud, inventory, TaskQueue(100), loaded.engine_settings())
+    reconciler = Reconciler(cloud, inventory, TaskQueue(100), loaded.engine_settings())
     return reconciler, inventory
 
 
@@ -168,7 +168,7 @@ async def test_a_resync_fetches_details_only_for_what_it_does_not_know(tmp_path)
         cluster = config.cluster_spec()
         inventory = Inventory(cluster)
         cloud = OpenStackCloud(settings_for(sim))
-        reconciler = Reconciler(cluster, cloud, inventory, TaskQueue(10), config.engine_settings())
+        reconciler = Reconciler(cloud, inventory, TaskQueue(10), config.engine_settings())
         try:
             await reconciler.reconcile_once(full=True)
             assert len(inventory.snapshot) == 30

@@ -63,7 +63,7 @@ async def test_groups_added_changed_and_removed_show_after_the_next_refresh(tmp_
             data["node_groups"][0]["max_size"] = 7
             data["node_groups"] = [data["node_groups"][0], EXTRA]  # gpu removed, extra added
             write_config(tmp_path, data)
-            assert provider.app.reload_once() == "applied"
+            assert await provider.app.reload_once() == "applied"
             await ca.refresh()
             assert groups(await ca.node_groups()) == {"workers": (1, 7), "extra": (0, 4)}
             extra = await ca.group_for_node("already-there", f"openstack:///{under}")
@@ -75,7 +75,7 @@ async def test_groups_added_changed_and_removed_show_after_the_next_refresh(tmp_
             await eventually(lambda: len(nova.live_servers()) == 3, what="a server of extra")
         # The removed group's server is left alone.
         assert gpu in {s.server_id for s in nova.live_servers()}
-        assert provider.app.reload_once() == "unchanged"
+        assert await provider.app.reload_once() == "unchanged"
     finally:
         await provider.stop()
 
@@ -89,10 +89,10 @@ async def test_a_broken_file_changes_nothing(tmp_path):
         async with ca_client(provider.address) as ca:
             before = groups(await ca.node_groups())
             path.write_text("node_groups: [\n  - id: workers\n    max_size: {\n")  # not YAML
-            assert provider.app.reload_once() == "rejected"
+            assert await provider.app.reload_once() == "rejected"
             data["node_groups"][0]["min_size"] = 99  # YAML, but min above max
             write_config(tmp_path, data)
-            assert provider.app.reload_once() == "rejected"
+            assert await provider.app.reload_once() == "rejected"
             await ca.refresh()
             assert groups(await ca.node_groups()) == before
         registry = provider.app.registry
@@ -111,7 +111,7 @@ async def test_a_restart_only_change_is_reported_not_applied(tmp_path):
         data["queue"] = {"capacity": 7, "workers": 1}
         data["node_groups"][0]["max_size"] = 5
         write_config(tmp_path, data)
-        assert provider.app.reload_once() == "applied"
+        assert await provider.app.reload_once() == "applied"
         assert provider.app.config.queue.capacity == 50  # as started
         assert provider.app.queue.capacity == 50
         assert provider.app.controller.cluster.group("workers").max_size == 5  # type: ignore[union-attr]

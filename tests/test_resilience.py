@@ -133,9 +133,7 @@ async def idle_minutes(sim: SimulatedOpenStack, tmp_path, minutes: int) -> Count
     now = [0.0]
     inventory = Inventory(cluster)
     cloud = OpenStackCloud(settings_for(sim))
-    reconciler = Reconciler(
-        cluster, cloud, inventory, TaskQueue(10), settings, clock=lambda: now[0]
-    )
+    reconciler = Reconciler(cloud, inventory, TaskQueue(10), settings, clock=lambda: now[0])
     try:
         await reconciler.reconcile_once()  # the first, complete sync at start
         sim.calls.clear()

@@ -230,11 +230,11 @@ async def test_serve_logs_placeholders_left_as_written_once_per_group_and_templa
     await provider.start()
     try:
         at_start = warnings_logged(caplog)
-        assert provider.app.reload_once(force=True) == "applied"
+        assert await provider.app.reload_once(force=True) == "applied"
         after_an_unchanged_reload = warnings_logged(caplog)
         data["node_groups"][0]["user_data"] += "# ${also_forgotten}\n"
         write_config(tmp_path, data)
-        assert provider.app.reload_once() == "applied"
+        assert await provider.app.reload_once() == "applied"
         after_a_changed_template = warnings_logged(caplog)
     finally:
         await provider.stop()

@@ -502,7 +502,7 @@ class OpenStackCloud:
         return await self._call(check)
 
     async def list_servers(
-        self, tag: str, *, changes_since: datetime | None = None
+        self, tag: str | None, *, changes_since: datetime | None = None
     ) -> list[ServerRecord]:
         # Nova may show a server twice across pages while builds are in flight: keep one
         # record per id (the later one, which is the newer view).
@@ -511,11 +511,14 @@ class OpenStackCloud:
             records.update((record.server_id, record) for record in page)
         return list(records.values())
 
+    async def list_changes(self, since: datetime) -> list[ServerRecord]:
+        return await self.list_servers(None, changes_since=since)
+
     async def list_server_pages(
-        self, tag: str, *, changes_since: datetime | None = None
+        self, tag: str | None, *, changes_since: datetime | None = None
     ) -> AsyncIterator[list[ServerRecord]]:
         # No `limit`: Nova pages at its [api] max_limit and links the next page.
-        first: dict[str, str] = {"tags": tag}
+        first: dict[str, str] = {} if tag is None else {"tags": tag}
         if changes_since is not None:
             first["changes-since"] = changes_since.isoformat()
         microversion = await self._call(self._compute_microversion, rated=False)

@@ -60,6 +60,13 @@ class Cloud(Protocol):
         it needs of each page never holds the whole listing."""
         ...
 
+    async def list_changes(self, since: datetime) -> list[ServerRecord]:
+        """Every server of the project updated since ``since``, deleted ones included: Nova
+        lists deleted servers under ``changes-since`` only without a tag filter (their tags
+        are gone with them, and their metadata reads empty), so this is how deletions are
+        seen, at a cost of what changed in the project, not of its size."""
+        ...
+
     async def list_server_ids(self, tag: str) -> set[str]:
         """Ids of the servers carrying ``tag``, without their details (Nova's brief listing):
         enough to tell which servers are gone, at a fraction of the bytes."""

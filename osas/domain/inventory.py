@@ -37,7 +37,7 @@ class Inventory:
     """Servers of this cluster per node group, and the creates and deletes osas has in hand."""
 
     def __init__(self, cluster: ClusterSpec, settings: LedgerSettings | None = None) -> None:
-        self._ids: ProviderIdFormat = cluster.provider_ids
+        self._ids: ProviderIdFormat = cluster.provider_ids  # restart-only: never reloaded
         self.snapshot = Snapshot()
         self.ledger = Ledger(cluster, self.snapshot, settings)
 
@@ -52,9 +52,15 @@ class Inventory:
         listed_at = self.snapshot.listed_at
         return None if listed_at is None else now - listed_at
 
+    @property
+    def cluster(self) -> ClusterSpec:
+        """The configuration in force (the ledger's: a reload changes it in one place)."""
+        return self.ledger.cluster
+
     def generation(self, group_id: str) -> int:
-        """Changes whenever anything CA sees of the group may have changed."""
-        return self.snapshot.generation(group_id)
+        """Changes whenever anything CA sees of the group may have changed: both counters only
+        ever grow, so their sum moves when either does."""
+        return self.snapshot.generation(group_id) + self.ledger.generation(group_id)
 
     # -- what CA sees -----------------------------------------------------------------------------
 

@@ -1,28 +1,36 @@
 """The lifecycle of every create and delete osas has in hand, in one place.
 
-One call per intent (accept creates, accept a DeleteNodes or DecreaseTargetSize plan, drop what
-is queued at shutdown) or outcome (a worker takes a create and finishes it; a delete's result;
-a listing to settle), each returning what must happen next: servers to delete, whether to send a
-create again, and events worth telling the operator. The engine does the I/O and reports back;
-it never edits this state itself. The invariants osas promises live here:
+One call per intent (accept creates, accept a DeleteNodes or DecreaseTargetSize plan, a reloaded
+configuration, drop what is queued at shutdown) or outcome (a worker takes a create and finishes
+it; a delete's result; a listing to settle), each returning what must happen next: servers to
+delete, whether to send a create again, and events worth telling the operator. The engine does
+the I/O and reports back; it never edits this state itself, and every question about the
+lifecycle (what may be cancelled, what Nova made that no listing showed yet, what is being
+deleted) is answered here. The ledger also holds the configuration in force: a reload is one
+call. The invariants osas promises live here:
 
 - **At most one server per create request is ever kept.** A create is sent again only after an
   outcome that proves Nova never received it. After an ambiguous one it is *in doubt*: counted
   and reported as creating, settled when a listing shows its server, reported failed when the
   doubt window passes. A server that appears for a request given up, cancelled or failed is an
-  orphan and is deleted, never adopted; two servers for one request: one is kept.
-- **Never above max_size.** The target counts servers not being deleted and creates in hand;
-  IncreaseSize cannot pass max_size, orphans and duplicates are not counted, and a server that
-  turns up after start for a request this process never made (a late create of an earlier
-  process) is deleted if it would take its group above max_size.
+  orphan and is deleted, never adopted; two servers for one request this process sent: one is
+  kept.
+- **osas deletes on its own initiative only what this process asked Nova for** (``DeleteReason``
+  lists every reason). What an earlier life or another hand left that breaks a rule (servers
+  sharing a request id, a group above max_size) is reported, never deleted.
+- **Never above max_size by osas's doing.** IncreaseSize cannot pass max_size; a reload that
+  lowers it cancels the creates not yet sent beyond it (reported failed, as CA expects of a
+  create that will not happen), lets those in flight finish, and deletes no server.
 - Nothing is deleted that a listing did not show carrying this cluster's marks (the snapshot
   holds only such servers; the worker checks the marks again right before deleting).
+- The generation of a group's answers is bumped by the few primitives that change what CA sees
+  of it (``_changed``), and by the snapshot's own: never by hand in a flow.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 
@@ -89,9 +97,12 @@ class Refused:
 
 @dataclass(frozen=True, slots=True)
 class NotSent:
-    """Proof that the create never reached Nova: it may be sent again."""
+    """Proof that the create never reached Nova: it may be sent again. ``counts``: it used
+    one of ``create_attempts``; a create Nova refused for the token it carried (401: Nova did
+    nothing) was not sent at all, and is sent again with a fresh token."""
 
     error: ErrorInfo
+    counts: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,12 +126,22 @@ class DeleteOutcome(Enum):
 
 
 class DeleteReason(StrEnum):
-    REQUESTED = "requested"  # CA's DeleteNodes
-    GIVEN_UP = "given-up"  # the server of a create CA gave up while it was being sent
-    ORPHAN = "orphan"  # appeared for a request that was given up, cancelled or failed
-    DUPLICATE = "duplicate"  # a second server for one create request
-    ABOVE_MAX = "above-max"  # a late server of a request this process never made, past max_size
+    """Every reason osas deletes a server, complete. CA asks for the first two; ``RESEND``
+    repeats a delete already ordered. ``ORPHAN`` and ``DUPLICATE`` are the only deletes osas
+    orders on its own initiative, and both are of servers this process asked Nova for (or
+    whose create CA removed): never one an earlier life or another hand made."""
+
+    REQUESTED = "requested"  # CA's DeleteNodes of the server (or of the create that made it)
+    GIVEN_UP = "given-up"  # the server of a create CA removed while it was being sent
+    # The server of a request this process gave up (in doubt past the window), cancelled (a
+    # reload lowered max_size), or saw fail; or of a placeholder CA's DeleteNodes removed.
+    ORPHAN = "orphan"
+    DUPLICATE = "duplicate"  # a second server of a create this process sent
     RESEND = "resend"  # sent long ago, and the server is still listed
+
+
+# The reasons osas deletes without CA asking (docs/rpc-semantics.md lists the same).
+OWN_INITIATIVE = frozenset({DeleteReason.ORPHAN, DeleteReason.DUPLICATE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +160,10 @@ class EventKind(StrEnum):
     CREATE_DROPPED = "create-dropped"  # queued at shutdown, never sent
     SERVER_DELETED = "server-deleted"
     DELETE_REFUSED = "delete-refused"  # the server lost this group's marks before the delete
+    CREATE_CANCELLED = "create-cancelled"  # unsent: a reload lowered max_size or removed its group
     STRAY_ADOPTED = "stray-adopted"  # listed after start for a request this process never made
     ABOVE_MAX_KEPT = "above-max-kept"  # above max_size with nothing that may be deleted
+    SHARED_REQUEST_KEPT = "shared-request-kept"  # servers of one request not sent here: reported
     UNKNOWN_PLACEHOLDER = "unknown-placeholder"  # DeleteNodes of a placeholder not known here
 
 
@@ -151,6 +174,7 @@ class LedgerEvent:
     request_id: str | None = None
     server_id: str | None = None
     detail: str = ""
+    error: ErrorInfo | None = None  # what a failed or cancelled create is reported with
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,8 +202,9 @@ class _Steps:
         request_id: str | None = None,
         server_id: str | None = None,
         detail: str = "",
+        error: ErrorInfo | None = None,
     ) -> None:
-        self.events.append(LedgerEvent(kind, group_id, request_id, server_id, detail))
+        self.events.append(LedgerEvent(kind, group_id, request_id, server_id, detail, error))
 
     def done(self, *, retry: bool = False) -> Next:
         return Next(tuple(self.deletes), tuple(self.events), retry)
@@ -219,8 +244,12 @@ class DecreasePlan:
     cancels: tuple[str, ...]  # request ids of queued creates to cancel
 
 
+MAX_SIZE_LOWERED = "MaxSizeLowered"
+
+
 class Ledger:
-    """Creates and deletes in hand, over the snapshot of what Nova showed."""
+    """Creates and deletes in hand, over the snapshot of what Nova showed, under the
+    configuration in force."""
 
     def __init__(
         self, cluster: ClusterSpec, snapshot: Snapshot, settings: LedgerSettings | None = None
@@ -233,21 +262,66 @@ class Ledger:
         self._creates_by_group: dict[str, dict[str, Create]] = {}
         self._by_server: dict[str, str] = {}  # server id -> request id, for CREATED creates
         self._given_up: dict[str, float] = {}  # request id -> when
+        # Servers osas is deleting, listed or not: the one record of deletion marks.
         self._deleting: dict[str, _DeleteMark] = {}
+        self._deleting_by_group: dict[str, set[str]] = {}
         self._removed: dict[str, float] = {}  # instance id -> when
-        self._own: set[str] = set()  # request ids this process made and kept the server of
+        self._sent: set[str] = set()  # request ids this process sent to Nova
+        self._own: set[str] = set()  # request ids of servers known to be ours (sent or adopted)
         # Request ids of servers that left the snapshot since the last complete listing: the
-        # only entries of _own that complete listing may have to forget.
+        # only entries of _own and _sent that complete listing may have to forget.
         self._own_unlisted: set[str] = set()
         self._above_max: set[str] = set()  # groups reported ABOVE_MAX_KEPT
+        self._shared_reported: set[str] = set()  # requests reported SHARED_REQUEST_KEPT
+        self._generations: dict[str, int] = {}
         self._generation = 0
         self._first_sync_done = False
 
-    def use_cluster(self, cluster: ClusterSpec) -> None:
-        """A new configuration (node groups added, removed or resized)."""
+    # -- configuration ----------------------------------------------------------------------------
+
+    @property
+    def cluster(self) -> ClusterSpec:
+        """The configuration in force: every part of osas reads it from here."""
+        return self._cluster
+
+    def use_cluster(self, cluster: ClusterSpec, now: float) -> Next:
+        """A reloaded configuration, planned like any intent. A removed group's queued creates
+        are cancelled and its failures forgotten (CA no longer sees the group; were it added
+        back, they would back it off). A group whose target now passes max_size has its
+        queued creates cancelled beyond it, newest first, reported failed as CA expects of a
+        create that will not happen; creates in flight finish, and no server is deleted: what
+        stays above max_size is reported for CA's scale-down or a person."""
+        steps = _Steps()
         self._cluster = cluster
+        configured = {spec.group_id for spec in cluster.node_groups}
+        for group_id in [g for g in self._creates_by_group if g not in configured]:
+            for create in self.creates_of(group_id):
+                if create.state in {CreateState.QUEUED, CreateState.FAILED}:
+                    self._give_up(create, now)
+                    steps.event(
+                        EventKind.CREATE_CANCELLED,
+                        group_id,
+                        request_id=create.request_id,
+                        detail="node group removed from the configuration",
+                    )
         for spec in cluster.node_groups:
-            self._snapshot.touch(spec.group_id)
+            self._changed(spec.group_id)
+            self._cancel_above_max(spec.group_id, spec.max_size, steps)
+            self._report_above_max(spec.group_id, steps)
+        return steps.done()
+
+    def _cancel_above_max(self, group_id: str, max_size: int, steps: _Steps) -> None:
+        failed, queued = self.cancellable(group_id)
+        excess = self.target_size(group_id) - len(failed) - max_size
+        for request_id in reversed(queued[len(queued) - min(excess, len(queued)) :]):
+            create = self._creates[request_id]
+            error = ErrorInfo(
+                MAX_SIZE_LOWERED,
+                f"max_size of node group {group_id!r} was lowered to {max_size} before this "
+                "create was sent: it was cancelled",
+                ErrorClass.OTHER,
+            )
+            self._fail(create, error, steps, kind=EventKind.CREATE_CANCELLED)
 
     # -- queries ----------------------------------------------------------------------------------
 
@@ -268,6 +342,28 @@ class Ledger:
     def failures_of(self, group_id: str) -> list[Create]:
         """Creates reported failed, until CA removes them."""
         return [c for c in self.creates_of(group_id) if c.state is CreateState.FAILED]
+
+    def cancellable(self, group_id: str) -> tuple[list[str], list[str]]:
+        """The creates of a group that can go without a server going: those reported failed,
+        and those no worker has taken (one being sent or in doubt may be a server already).
+        Request ids, oldest first."""
+        failed, queued = [], []
+        for create in self.creates_of(group_id):
+            if create.state is CreateState.FAILED:
+                failed.append(create.request_id)
+            elif create.state is CreateState.QUEUED:
+                queued.append(create.request_id)
+        return failed, queued
+
+    def created_unlisted(self, shown: Container[str]) -> list[str]:
+        """Servers Nova returned to a create of this process that ``shown`` does not hold."""
+        return [
+            create.server_id
+            for create in self._creates.values()
+            if create.state is CreateState.CREATED
+            and create.server_id is not None
+            and create.server_id not in shown
+        ]
 
     def is_marked(self, server_id: str) -> bool:
         return server_id in self._deleting
@@ -290,8 +386,19 @@ class Ledger:
 
     def target_size(self, group_id: str) -> int:
         """Servers not being deleted, plus creates in hand (failed ones until CA removes them).
-        O(1): both are counted as they change."""
-        return self._snapshot.counted(group_id) + len(self._creates_by_group.get(group_id, ()))
+        O(servers osas is deleting in the group)."""
+        snapshot = self._snapshot
+        marked_live = 0
+        for server_id in self._deleting_by_group.get(group_id, ()):
+            server = snapshot.get(server_id)
+            if server is not None and not server.is_deleting:
+                marked_live += 1
+        creates = len(self._creates_by_group.get(group_id, ()))
+        return snapshot.counted(group_id) - marked_live + creates
+
+    def generation(self, group_id: str) -> int:
+        """Bumped by every change of the ledger CA could see of the group."""
+        return self._generations.get(group_id, 0)
 
     # -- intents ----------------------------------------------------------------------------------
 
@@ -304,7 +411,7 @@ class Ledger:
             self._creates[request_id] = create
             group[request_id] = create
         if request_ids:
-            self._snapshot.touch(group_id)
+            self._changed(group_id)
         return request_ids
 
     def accept_delete(self, plan: DeletePlan, now: float) -> Next:
@@ -351,8 +458,9 @@ class Ledger:
         create = self._creates.get(request_id)
         if create is None or create.state is not CreateState.QUEUED:
             return None
-        create.state = CreateState.SENDING
+        self._set_state(create, CreateState.SENDING)
         create.sends += 1
+        self._sent.add(request_id)
         return create
 
     def finish_create(self, request_id: str, outcome: CreateOutcome, now: float) -> Next:
@@ -365,25 +473,26 @@ class Ledger:
                 self._mark(server.server_id, server.group_id, DeleteReason.GIVEN_UP, now, steps)
             return steps.done()
         group_id = create.group_id
-        self._snapshot.touch(group_id)
         match outcome:
             case Created(server):
-                create.state = CreateState.CREATED
                 create.server_id = server.server_id
                 create.answered_generation = self._generation
                 self._by_server[server.server_id] = request_id
+                self._set_state(create, CreateState.CREATED)
                 if self._snapshot.of_request(request_id) or server.server_id in self._snapshot:
                     self._settle_create(create, steps)
             case Refused(error):
                 self._fail(create, error, steps)
-            case NotSent(error):
+            case NotSent(error, counts=counts):
+                if not counts:
+                    create.sends -= 1  # it never left (refused credentials): not a send
                 if create.sends < self.settings.create_attempts:
-                    create.state = CreateState.QUEUED
+                    self._set_state(create, CreateState.QUEUED)
                     return steps.done(retry=True)
                 self._fail(create, error, steps)
             case InDoubt(reason):
-                create.state = CreateState.IN_DOUBT
                 create.doubt_until = now + self.settings.doubt_window
+                self._set_state(create, CreateState.IN_DOUBT)
                 steps.event(
                     EventKind.CREATE_IN_DOUBT, group_id, request_id=request_id, detail=reason
                 )
@@ -405,13 +514,12 @@ class Ledger:
                 # The mark stays until a listing begun after this answer: one begun before
                 # may still show the server, and must not bring it back as running.
                 reason = mark.reason if mark is not None else DeleteReason.REQUESTED
+                self._unmark(server_id)
                 self._deleting[server_id] = _DeleteMark(group_id, reason, self._generation, now)
-                self._snapshot.mark(server_id)
-                self._snapshot.touch(group_id)
+                self._deleting_by_group.setdefault(group_id, set()).add(server_id)
+                self._changed(group_id)
         elif outcome is DeleteOutcome.NOT_OURS and mark is not None:
-            del self._deleting[server_id]
-            self._snapshot.unmark(server_id)
-            self._snapshot.touch(mark.group_id)
+            self._unmark(server_id)
             steps.event(EventKind.DELETE_REFUSED, mark.group_id, server_id=server_id)
         return steps.done()
 
@@ -460,7 +568,14 @@ class Ledger:
             else {server.group_id for server in diff.touched()}
         )
         for group_id in groups:
-            self._keep_within_max(group_id, strays.get(group_id, []), now, steps)
+            for server in strays.get(group_id, ()):
+                steps.event(
+                    EventKind.STRAY_ADOPTED,
+                    group_id,
+                    request_id=server.request_id,
+                    server_id=server.server_id,
+                )
+            self._report_above_max(group_id, steps)
         self._resend_stale_deletes(now, steps)
         self._forget_old(now, full=full)
         if full and not self._first_sync_done:
@@ -491,10 +606,8 @@ class Ledger:
             # it out, an incremental one by naming it gone.
             later = generation > mark.generation and server_id not in self._snapshot
             if server_id in dropped or (later and (full or server_id in gone)):
-                del self._deleting[server_id]
-                self._snapshot.unmark(server_id)
+                self._unmark(server_id)
                 self._removed[ids.format(server_id)] = now
-                self._snapshot.touch(mark.group_id)
                 steps.event(EventKind.SERVER_DELETED, mark.group_id, server_id=server_id)
 
     def _settle_creates(self, generation: int, now: float, *, full: bool, steps: _Steps) -> None:
@@ -533,9 +646,9 @@ class Ledger:
     def _check_requests(
         self, fresh: Iterable[Server], diff: SnapshotDiff, now: float, steps: _Steps
     ) -> dict[str, list[Server]]:
-        """Orphans and duplicates among servers a listing brought are marked; strays (new
-        servers of requests this process never made, after its first listing) are returned
-        per group."""
+        """Orphans and duplicates among servers a listing brought are marked (of requests this
+        process sent or gave up: never an earlier life's); strays (new servers of requests
+        this process never made, after its first listing) are returned per group."""
         added = {server.server_id for server in diff.added}
         strays: dict[str, list[Server]] = {}
         seen: set[str] = set()
@@ -548,7 +661,7 @@ class Ledger:
                 continue
             if request_id is not None and request_id not in seen:
                 seen.add(request_id)
-                self._drop_duplicates(request_id, now, steps)
+                self._check_shared(request_id, now, steps)
             known = request_id is not None and (
                 request_id in self._own or request_id in self._creates
             )
@@ -556,38 +669,39 @@ class Ledger:
                 strays.setdefault(server.group_id, []).append(server)
         return strays
 
-    def _drop_duplicates(self, request_id: str, now: float, steps: _Steps) -> None:
+    def _check_shared(self, request_id: str, now: float, steps: _Steps) -> None:
+        """Two live servers of one request: if this process sent it, the second is deleted;
+        if not (an earlier life, another tool, Nova's multi-create), both are reported once
+        and kept."""
         live = [s for s in self._snapshot.of_request(request_id) if not self.is_deleting(s)]
         if len(live) < 2:  # noqa: PLR2004 - one server per request is the rule
+            self._shared_reported.discard(request_id)
             return
         keep = min(live, key=_keep_order)
-        for server in live:
-            if server is not keep:
-                self._mark(server.server_id, server.group_id, DeleteReason.DUPLICATE, now, steps)
+        if request_id in self._sent:
+            for server in live:
+                if server is not keep:
+                    reason = DeleteReason.DUPLICATE
+                    self._mark(server.server_id, server.group_id, reason, now, steps)
+        elif request_id not in self._shared_reported:
+            self._shared_reported.add(request_id)
+            steps.event(
+                EventKind.SHARED_REQUEST_KEPT,
+                keep.group_id,
+                request_id=request_id,
+                detail=f"{len(live)} servers carry this request id; osas did not make them "
+                "(an earlier osas, another tool, a copied template) and deletes none",
+            )
 
-    def _keep_within_max(
-        self, group_id: str, strays: list[Server], now: float, steps: _Steps
-    ) -> None:
-        """Strays just listed are adopted, but never above max_size: the newest go first."""
+    def _report_above_max(self, group_id: str, steps: _Steps) -> None:
+        """A group above max_size with servers osas may not delete (of an earlier life, or a
+        lowered max_size): reported once, left for CA's scale-down or a person."""
         spec = self._cluster.group(group_id)
-        excess = 0 if spec is None else self.target_size(group_id) - spec.max_size
-        strays = sorted(strays, key=lambda s: (s.created, s.server_id), reverse=True)
-        for index, server in enumerate(strays):
-            if index < excess:
-                self._mark(server.server_id, group_id, DeleteReason.ABOVE_MAX, now, steps)
-            else:
-                steps.event(
-                    EventKind.STRAY_ADOPTED,
-                    group_id,
-                    request_id=server.request_id,
-                    server_id=server.server_id,
-                )
-        excess -= len(strays)
+        failed, _ = self.cancellable(group_id)
+        excess = 0 if spec is None else self.target_size(group_id) - len(failed) - spec.max_size
         if excess <= 0:
             self._above_max.discard(group_id)
         elif spec is not None and group_id not in self._above_max:
-            # Above max_size with servers that were there before (an accepted delete lost to
-            # a kill, max_size lowered): running nodes, left for CA's scale-down. Said once.
             self._above_max.add(group_id)
             steps.event(
                 EventKind.ABOVE_MAX_KEPT,
@@ -618,9 +732,17 @@ class Ledger:
         for request_id in self._own_unlisted:
             if not self._snapshot.has_request(request_id) and request_id not in self._creates:
                 self._own.discard(request_id)
+                self._sent.discard(request_id)
         self._own_unlisted.clear()
 
-    # -- transitions ------------------------------------------------------------------------------
+    # -- transitions: the only code that changes a create or a mark ---------------------------
+
+    def _changed(self, group_id: str) -> None:
+        self._generations[group_id] = self._generations.get(group_id, 0) + 1
+
+    def _set_state(self, create: Create, state: CreateState) -> None:
+        create.state = state
+        self._changed(create.group_id)
 
     def _settle_create(self, create: Create, steps: _Steps) -> None:
         self._forget_create(create)
@@ -640,14 +762,14 @@ class Ledger:
         *,
         kind: EventKind = EventKind.CREATE_FAILED,
     ) -> None:
-        create.state = CreateState.FAILED
         create.error = error
-        self._snapshot.touch(create.group_id)
+        self._set_state(create, CreateState.FAILED)
         steps.event(
             kind,
             create.group_id,
             request_id=create.request_id,
             detail=f"{error.code}: {error.message}",
+            error=error,
         )
 
     def _give_up(self, create: Create, now: float) -> None:
@@ -664,7 +786,7 @@ class Ledger:
             del self._creates_by_group[create.group_id]
         if create.server_id is not None:
             self._by_server.pop(create.server_id, None)
-        self._snapshot.touch(create.group_id)
+        self._changed(create.group_id)
 
     def _mark(
         self, server_id: str, group_id: str, reason: DeleteReason, now: float, steps: _Steps
@@ -672,9 +794,19 @@ class Ledger:
         if server_id in self._deleting:
             return
         self._deleting[server_id] = _DeleteMark(group_id, reason, self._generation, now)
-        self._snapshot.mark(server_id)
-        self._snapshot.touch(group_id)
+        self._deleting_by_group.setdefault(group_id, set()).add(server_id)
+        self._changed(group_id)
         steps.deletes.append(DeleteOrder(server_id, group_id, reason))
+
+    def _unmark(self, server_id: str) -> None:
+        mark = self._deleting.pop(server_id, None)
+        if mark is None:
+            return
+        group = self._deleting_by_group[mark.group_id]
+        group.discard(server_id)
+        if not group:
+            del self._deleting_by_group[mark.group_id]
+        self._changed(mark.group_id)
 
 
 def _keep_order(server: Server) -> tuple[int, str, str]:

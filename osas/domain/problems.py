@@ -1,7 +1,8 @@
 """Servers an operator has to look at: surfaced, never acted on.
 
-osas deletes only what CA asks for and what its own ledger proves unwanted. Four other states
-need a person, and ``ProblemWatch`` tells when a server enters or leaves one, once each:
+osas deletes only what CA asks for and what its own ledger proves unwanted (of requests this
+process sent). Five other states need a person, and ``ProblemWatch`` tells when a server enters
+or leaves one, once each:
 
 - ``error``: Nova shows the server in ERROR (CA sees it as a failed create and usually deletes
   it; one that stays is worth a look);
@@ -10,7 +11,10 @@ need a person, and ``ProblemWatch`` tells when a server enters or leaves one, on
   still listed after ``stuck_delete_after``;
 - ``unconfigured-group``: this cluster's marks and tag, and a node group that is not
   configured (a group removed from the configuration, a typo by hand): never reported to CA,
-  never deleted.
+  never deleted;
+- ``shared-request-id``: one of several live servers that carry the same create request id
+  and that osas did not make here (an earlier osas, another tool, a copied template, Nova's
+  multi-create): reported to CA like any server, never deleted by osas.
 
 The watch sees only what listings bring (``observe``) plus the few servers that can still
 change state by time alone, so a review costs what is building, failing or being deleted, not
@@ -33,6 +37,7 @@ class Problem(StrEnum):
     BUILD_STUCK = "build-stuck"
     DELETE_STUCK = "delete-stuck"
     UNCONFIGURED_GROUP = "unconfigured-group"
+    SHARED_REQUEST = "shared-request-id"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +69,18 @@ def _created_at(server: Server) -> float | None:
         return datetime.fromisoformat(server.created).timestamp()
     except ValueError:
         return None
+
+
+def _sharing(server: Server, snapshot: Snapshot, marked: Container[str]) -> int:
+    """How many live servers (this one included) carry this server's request id; osas
+    deletes the extra ones of its own requests, so those count only while not marked."""
+    if not server.request_id or server.server_id in marked or server.is_deleting:
+        return 0
+    return sum(
+        1
+        for other in snapshot.of_request(server.request_id)
+        if other.server_id not in marked and not other.is_deleting
+    )
 
 
 def _minutes(seconds: float) -> str:
@@ -109,13 +126,20 @@ class ProblemWatch:
         """What holds now, compared with the last review: the changes, sorted."""
         marked = set(marked_deleting)
         ids = self._candidates | marked | {server_id for server_id, _ in self._active}
+        # Servers sharing a request id with one looked at are looked at too: a second server
+        # of a request makes the first one shared as well.
+        for server_id in list(ids):
+            server = snapshot.get(server_id)
+            if server is not None and server.request_id:
+                ids.update(s.server_id for s in snapshot.of_request(server.request_id))
         holding: dict[tuple[str, Problem], tuple[str, str]] = {}  # -> (group, detail)
         keep: set[str] = set()
         for server_id in ids:
             server = snapshot.get(server_id)
             if server is None:
                 continue
-            found = self._problems_of(server, server_id in marked, configured, now)
+            shared = _sharing(server, snapshot, marked)
+            found = self._problems_of(server, server_id in marked, configured, now, shared)
             if found is None:
                 continue
             keep.add(server_id)
@@ -128,11 +152,15 @@ class ProblemWatch:
         return self._changes(holding, snapshot, now)
 
     def _problems_of(
-        self, server: Server, marked: bool, configured: Container[str], now: float
+        self, server: Server, marked: bool, configured: Container[str], now: float, shared: int
     ) -> list[tuple[Problem, str]] | None:
         """The problems of one server now; None when it can no longer become one by time."""
         found: list[tuple[Problem, str]] = []
         watch = False
+        if shared > 1:
+            detail = f"{shared} live servers carry request id {server.request_id}"
+            found.append((Problem.SHARED_REQUEST, detail))
+            watch = True
         if server.group_id not in configured:
             found.append((Problem.UNCONFIGURED_GROUP, f"node group {server.group_id!r}"))
             watch = True

@@ -60,9 +60,7 @@ def plan_decrease(
     require_group(cluster, group_id)
     if delta >= 0:
         raise InvalidRequest(f"size decrease must be negative, got {delta}")
-    ledger = inventory.ledger
-    failures = [c.request_id for c in ledger.failures_of(group_id)]
-    queued = [c.request_id for c in ledger.creates_of(group_id) if c.state is CreateState.QUEUED]
+    failures, queued = inventory.ledger.cancellable(group_id)
     candidates = failures + queued
     if -delta > len(candidates):
         raise PreconditionFailed(

@@ -2,11 +2,11 @@
 
 Listings are applied as differences: a server that did not change is not touched, so a sync
 that brings nothing new costs nothing and one that brings k servers costs O(k). Every change to
-a node group's servers bumps that group's generation, so answers derived from a group can be
-reused until it changes. Per group the snapshot also counts the servers that are not being
-deleted, so a target size is O(1) rather than a walk over the group. Nothing here decides
-anything; the ``Ledger`` does, on top of it (it tells the snapshot which servers it marked for
-deletion, so that the count leaves them out).
+a node group's servers bumps that group's generation, in the two methods that change them and
+nowhere else, so answers derived from a group can be reused until it changes. Per group the
+snapshot also counts the servers Nova is not deleting, so a target size is O(1) rather than a
+walk over the group. Nothing here decides anything; the ``Ledger`` does, on top of it (and holds
+its own deletion marks: the snapshot knows only what Nova showed).
 """
 
 from __future__ import annotations
@@ -69,9 +69,7 @@ class Snapshot:
     _by_request: dict[str, _Ids] = field(default_factory=dict)
     _generations: dict[str, int] = field(default_factory=dict)
     _flavors: dict[str, Flavor] = field(default_factory=dict)
-    # Servers the ledger marked for deletion (listed or not), and per group the listed servers
-    # that are neither marked nor being deleted by Nova: what a target size counts.
-    _marked: set[str] = field(default_factory=set)
+    # Per group, the listed servers Nova is not deleting.
     _counted: dict[str, int] = field(default_factory=dict)
     listed_at: float | None = None  # when the last listing was applied; None before the first
 
@@ -107,17 +105,14 @@ class Snapshot:
         return request_id in self._by_request
 
     def counted(self, group_id: str) -> int:
-        """Listed servers of the group that are not being deleted (by Nova or by osas)."""
+        """Listed servers of the group that Nova is not deleting."""
         return self._counted.get(group_id, 0)
 
-    def is_marked(self, server_id: str) -> bool:
-        return server_id in self._marked
-
     def generation(self, group_id: str) -> int:
-        """Bumped by every change to the group's servers or to the ledger entries of the group."""
+        """Bumped by every change to the group's servers or flavor."""
         return self._generations.get(group_id, 0)
 
-    def touch(self, group_id: str) -> None:
+    def _touch(self, group_id: str) -> None:
         self._generations[group_id] = self._generations.get(group_id, 0) + 1
 
     def flavor(self, group_id: str) -> Flavor | None:
@@ -130,28 +125,7 @@ class Snapshot:
             del self._flavors[group_id]
         else:
             self._flavors[group_id] = flavor
-        self.touch(group_id)
-
-    # -- deletion marks ---------------------------------------------------------------------------
-
-    def mark(self, server_id: str) -> None:
-        """The ledger marked this server for deletion: it no longer counts in its group."""
-        if server_id in self._marked:
-            return
-        server = self._servers.get(server_id)
-        if server is not None:
-            self._count(server, -1)
-            self.touch(server.group_id)
-        self._marked.add(server_id)
-
-    def unmark(self, server_id: str) -> None:
-        if server_id not in self._marked:
-            return
-        self._marked.discard(server_id)
-        server = self._servers.get(server_id)
-        if server is not None:
-            self._count(server, +1)
-            self.touch(server.group_id)
+        self._touch(group_id)
 
     # -- changes ----------------------------------------------------------------------------------
 
@@ -211,7 +185,7 @@ class Snapshot:
         return added, changed
 
     def _count(self, server: Server, delta: int) -> None:
-        if not server.is_deleting and server.server_id not in self._marked:
+        if not server.is_deleting:
             self._counted[server.group_id] = self._counted.get(server.group_id, 0) + delta
 
     def _insert(self, server: Server) -> None:
@@ -223,7 +197,7 @@ class Snapshot:
             request_id = server.request_id
             self._by_request[request_id] = _with(self._by_request.get(request_id), server_id)
         self._count(server, +1)
-        self.touch(group_id)
+        self._touch(group_id)
 
     def _remove(self, server: Server) -> None:
         server_id = server.server_id
@@ -236,7 +210,7 @@ class Snapshot:
         if server.request_id:
             _drop(self._by_request, server.request_id, server_id)
         self._count(server, -1)
-        self.touch(server.group_id)
+        self._touch(server.group_id)
 
 
 def _drop(index: dict[str, _Ids], key: str, server_id: str) -> None:

@@ -11,7 +11,6 @@ from prometheus_client.registry import Collector
 
 from osas.domain.inventory import Inventory
 from osas.domain.problems import Problem
-from osas.domain.specs import ClusterSpec
 from osas.engine.queue import TaskQueue
 from osas.engine.reconciler import Reconciler
 from osas.engine.status import CREATE_STATES, SERVER_STATES, Census
@@ -28,7 +27,6 @@ class EngineCollector(Collector):
     def __init__(
         self,
         *,
-        cluster: ClusterSpec,
         inventory: Inventory,
         queue: TaskQueue,
         reconciler: Reconciler,
@@ -36,16 +34,12 @@ class EngineCollector(Collector):
         workers: int,
         clock: Callable[[], float],
     ) -> None:
-        self._cluster = cluster
         self._inventory = inventory
         self._queue = queue
         self._reconciler = reconciler
         self._census = census
         self._workers = workers
         self._clock = clock
-
-    def use_cluster(self, cluster: ClusterSpec) -> None:
-        self._cluster = cluster
 
     def collect(self) -> Iterator[Metric]:
         yield from self._groups()
@@ -62,11 +56,12 @@ class EngineCollector(Collector):
         problems = _gauge(
             "osas_server_problems",
             "Servers in a problem state now (error, build-stuck, delete-stuck, "
-            "unconfigured-group), by node group; osas never deletes them on its own.",
+            "unconfigured-group, shared-request-id), by node group; osas never deletes them on "
+            "its own.",
             ["group", "problem"],
         )
         counts = self._reconciler.problems.counts()
-        groups = {spec.group_id for spec in self._cluster.node_groups}
+        groups = {spec.group_id for spec in inventory.cluster.node_groups}
         groups.update(group for group, _ in counts)
         for group in sorted(groups):
             for problem in Problem:
@@ -100,7 +95,7 @@ class EngineCollector(Collector):
             "to show their server, or the doubt window to pass.",
             ["group"],
         )
-        for spec in self._cluster.node_groups:
+        for spec in inventory.cluster.node_groups:
             group = spec.group_id
             minimum.add_metric([group], spec.min_size)
             maximum.add_metric([group], spec.max_size)

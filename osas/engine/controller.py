@@ -33,7 +33,6 @@ logger = structlog.get_logger(__name__)
 class Controller:
     def __init__(
         self,
-        cluster: ClusterSpec,
         inventory: Inventory,
         queue: TaskQueue,
         reconciler: Reconciler,
@@ -41,7 +40,6 @@ class Controller:
         *,
         metrics: EngineMetrics | None = None,
     ) -> None:
-        self.cluster = cluster
         self.inventory = inventory
         self.queue = queue
         self.reconciler = reconciler
@@ -49,9 +47,11 @@ class Controller:
         self._metrics = metrics
         self._accepting = True
 
-    def use_cluster(self, cluster: ClusterSpec) -> None:
-        """A reloaded configuration; CA sees it at its next Refresh (it caches NodeGroups)."""
-        self.cluster = cluster
+    @property
+    def cluster(self) -> ClusterSpec:
+        """The configuration in force; CA sees a reload at its next Refresh (it caches
+        NodeGroups until then)."""
+        return self.inventory.cluster
 
     def check_ready(self) -> None:
         if not self.inventory.synced:

@@ -24,8 +24,10 @@ _EVENT_LEVELS: dict[EventKind, int] = {
     EventKind.CREATE_DROPPED: logging.DEBUG,  # counted in one shutdown warning instead
     EventKind.SERVER_DELETED: logging.INFO,
     EventKind.DELETE_REFUSED: logging.ERROR,
+    EventKind.CREATE_CANCELLED: logging.WARNING,
     EventKind.STRAY_ADOPTED: logging.WARNING,
     EventKind.ABOVE_MAX_KEPT: logging.WARNING,
+    EventKind.SHARED_REQUEST_KEPT: logging.WARNING,
     EventKind.UNKNOWN_PLACEHOLDER: logging.INFO,
 }
 
@@ -34,7 +36,6 @@ _DELETE_LEVELS: dict[DeleteReason, int] = {
     DeleteReason.GIVEN_UP: logging.INFO,
     DeleteReason.ORPHAN: logging.WARNING,
     DeleteReason.DUPLICATE: logging.WARNING,
-    DeleteReason.ABOVE_MAX: logging.WARNING,
     DeleteReason.RESEND: logging.INFO,
 }
 

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from osas.domain.ledger import DeleteReason, EventKind, Ledger, Next
+from osas.domain.ledger import DeleteReason, EventKind, Next
 from osas.domain.problems import Problem, ProblemChange
 from osas.domain.specs import ClusterSpec
 
@@ -19,8 +19,8 @@ _CREATE_RESULTS = {
     EventKind.CREATE_GIVEN_UP: "given_up",
     EventKind.CREATE_VANISHED: "vanished",
     EventKind.CREATE_DROPPED: "dropped",
+    EventKind.CREATE_CANCELLED: "cancelled",
 }
-_FAILED = frozenset({EventKind.CREATE_FAILED, EventKind.CREATE_GIVEN_UP})
 SYNC_KINDS = ("full", "incremental")
 # From an empty incremental listing to a complete one of 50,000 servers.
 _SYNC_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -30,8 +30,7 @@ class EngineMetrics:
     """Counters and histograms the engine moves; their labelled children for the configured
     groups exist from the start, so that they read 0 rather than nothing."""
 
-    def __init__(self, registry: CollectorRegistry, cluster: ClusterSpec, ledger: Ledger) -> None:
-        self._ledger = ledger
+    def __init__(self, registry: CollectorRegistry, cluster: ClusterSpec) -> None:
         self.creates_requested = Counter(
             "osas_creates_requested",
             "Creates accepted from NodeGroupIncreaseSize, by node group.",
@@ -42,7 +41,8 @@ class EngineMetrics:
             "osas_creates",
             "Creates finished, by node group and result: created (a listing showed the "
             "server), failed, given_up (in doubt past the window), vanished, dropped "
-            "(queued at shutdown).",
+            "(queued at shutdown), cancelled (unsent when a reload lowered max_size or "
+            "removed the group).",
             ["group", "result"],
             registry=registry,
         )
@@ -55,8 +55,9 @@ class EngineMetrics:
         )
         self.delete_orders = Counter(
             "osas_delete_orders",
-            "Servers osas set out to delete, by node group and reason: requested (by CA), "
-            "given-up, orphan, duplicate, above-max, resend.",
+            "Servers osas set out to delete, by node group and reason: requested and "
+            "given-up (by CA), orphan and duplicate (on its own initiative, only of requests "
+            "this process sent), resend.",
             ["group", "reason"],
             registry=registry,
         )
@@ -83,7 +84,7 @@ class EngineMetrics:
         self.problems_detected = Counter(
             "osas_server_problems_detected",
             "Times a server entered a problem state: error, build-stuck, delete-stuck, "
-            "unconfigured-group.",
+            "unconfigured-group, shared-request-id.",
             ["problem"],
             registry=registry,
         )
@@ -113,12 +114,10 @@ class EngineMetrics:
             result = _CREATE_RESULTS.get(event.kind)
             if result is not None:
                 self.creates.labels(group, result).inc()
-            if event.kind in _FAILED and event.request_id is not None:
-                create = self._ledger.create(event.request_id)
-                error = None if create is None else create.error
-                if error is not None:
-                    error_class = str(int(error.error_class))
-                    self.create_failures.labels(group, error_class, error.code).inc()
+            error = event.error
+            if error is not None:
+                error_class = str(int(error.error_class))
+                self.create_failures.labels(group, error_class, error.code).inc()
         for order in steps.deletes:
             self.delete_orders.labels(order.group_id, order.reason.value).inc()
 

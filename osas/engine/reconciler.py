@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Container, Sequence
+from collections.abc import AsyncIterator, Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
@@ -24,10 +24,10 @@ import structlog
 from osas.cloud.errors import CloudError
 from osas.cloud.port import Cloud
 from osas.domain.inventory import Inventory
-from osas.domain.ledger import CreateState, Next
+from osas.domain.ledger import Next
 from osas.domain.problems import ProblemSettings, ProblemWatch
 from osas.domain.servers import Flavor, OwnershipMarks, Server, ServerRecord
-from osas.domain.specs import ClusterSpec
+from osas.domain.specs import NodeGroupSpec
 from osas.engine.events import follow, log_problems
 from osas.engine.metrics import EngineMetrics
 from osas.engine.queue import TaskQueue
@@ -65,7 +65,6 @@ class Reconciler:
 
     def __init__(
         self,
-        cluster: ClusterSpec,
         cloud: Cloud,
         inventory: Inventory,
         queue: TaskQueue,
@@ -76,17 +75,18 @@ class Reconciler:
     ) -> None:
         self._clock = clock
         self._metrics = metrics
-        self._cluster = cluster
         self._cloud = cloud
         self._inventory = inventory
         self._ledger = inventory.ledger
         self._queue = queue
         self._settings = settings
-        self._marks = OwnershipMarks(cluster.cluster_name)
+        self._marks = OwnershipMarks(inventory.cluster.cluster_name)  # restart-only
         self._last_full: float | None = None
         # Wall-clock start of the last successful listing, for changes-since.
         self._last_listing: datetime | None = None
         self._nudged = anyio.Event()
+        # Groups whose flavor a reload could not fetch: fetched at the next sync of any kind.
+        self._flavors_wanted: set[str] = set()
         # Ids a listing by the cluster tag shows that lack the metadata marks: not ours, and not
         # worth a GET at every resync (a marks change bumps them into the changes-since listing).
         self._foreign: set[str] = set()
@@ -95,14 +95,6 @@ class Reconciler:
         self.problems = ProblemWatch(
             ProblemSettings(settings.stuck_build_after, settings.stuck_delete_after)
         )
-        self._configured = frozenset(spec.group_id for spec in cluster.node_groups)
-
-    def use_cluster(self, cluster: ClusterSpec) -> None:
-        """A reloaded configuration: the groups to list flavors for and to call configured."""
-        self._cluster = cluster
-        self._configured = frozenset(spec.group_id for spec in cluster.node_groups)
-        self._ledger.use_cluster(cluster)
-        self.nudge()  # look new flavors up, and re-review servers against the groups, soon
 
     def nudge(self) -> None:
         """Ask for a sync soon (Refresh does this); never waits."""
@@ -134,6 +126,8 @@ class Reconciler:
                 steps = await self._resync(generation, self._last_listing)
             else:
                 steps = await self._incremental(generation, self._last_listing)
+                if self._flavors_wanted:
+                    await self._refresh_flavors(set(self._flavors_wanted))
         except CloudError as exc:
             self.status.failures += 1
             self.status.last_error = str(exc)
@@ -150,8 +144,9 @@ class Reconciler:
         follow(steps, self._queue, self._metrics)
         if self._metrics is not None:
             self._metrics.record_sync(full=full, seconds=time.perf_counter() - begun)
+        configured = {spec.group_id for spec in self._inventory.cluster.node_groups}
         changes = self.problems.review(
-            self._inventory.snapshot, self._ledger.deleting_ids(), self._configured, time.time()
+            self._inventory.snapshot, self._ledger.deleting_ids(), configured, time.time()
         )
         log_problems(changes, self._metrics)
         if full:
@@ -223,7 +218,7 @@ class Reconciler:
                 elif server_id not in shown:
                     gone.append(server_id)
         omitted = [server_id for server_id in gone if server_id not in details]
-        omitted += self._created_unlisted(shown)
+        omitted += self._ledger.created_unlisted(shown)
         found = await self._confirm_absent(omitted)
         # Still there, with our marks: the listing missed them (Nova's paging does, while
         # builds are in flight). Taken as listed, never as gone.
@@ -234,16 +229,6 @@ class Reconciler:
         await self._refresh_flavors()
         self.problems.observe(changed)
         return self._ledger.settle_complete(generation, changed, gone, self._clock())
-
-    def _created_unlisted(self, shown: Container[str]) -> list[str]:
-        """Servers Nova returned to a create that this listing did not show."""
-        return [
-            create.server_id
-            for create in self._ledger.creates()
-            if create.state is CreateState.CREATED
-            and create.server_id is not None
-            and create.server_id not in shown
-        ]
 
     async def _confirm_absent(self, server_ids: list[str]) -> dict[str, Server]:
         """The servers a complete listing left out that a GET still finds with our marks.
@@ -265,41 +250,56 @@ class Reconciler:
         return found
 
     async def _incremental(self, generation: int, since: datetime) -> Next:
+        """What changed in the project since the last listing, deleted servers included (an
+        untagged ``changes-since``: Nova drops a deleted server's tags, so a tag filter would
+        hide exactly the deletions). A server deleted behind osas's back leaves CA's view
+        within one incremental sync; the cost follows what changed in the project, not its
+        size, and the complete listing stays a safety net."""
         since -= timedelta(seconds=self._settings.changes_since_overlap)
-        records = await self._cloud.list_servers(self._marks.cluster_tag, changes_since=since)
+        records = await self._cloud.list_changes(since)
+        snapshot = self._inventory.snapshot
         changed: list[Server] = []
         gone: list[str] = []
         for record in records:
             server = self._marks.claim(record)
-            if server is None:
-                gone.append(record.server_id)  # lost its marks: no longer ours to report
-            else:
+            if server is not None and record.status != "DELETED":
                 changed.append(server)
-        # A tag filter hides deleted servers (Nova drops their tags), so the servers osas is
-        # deleting are checked one by one: traffic grows with deletes in flight, not cluster size.
-        listed = {server.server_id for server in changed}
-        for server_id in self._ledger.deleting_ids():
-            if server_id in listed:
-                continue
-            current = await self._cloud.get_server(server_id)
-            server = None if current is None else self._marks.claim(current)
-            if server is None:
-                gone.append(server_id)
-            else:
-                changed.append(server)
+            elif record.server_id in snapshot or self._ledger.is_marked(record.server_id):
+                # Deleted (its tags and metadata gone with it), or lost its marks: no longer
+                # ours to report.
+                gone.append(record.server_id)
         self.problems.observe(changed)
         return self._ledger.settle_changes(generation, changed, gone, self._clock())
 
-    async def _refresh_flavors(self) -> None:
-        """Each flavor the groups name, fetched once however many groups share it."""
+    def want_flavors(self, group_ids: Iterable[str]) -> None:
+        """Fetch these groups' flavors at the next sync (a reload could not)."""
+        self._flavors_wanted.update(group_ids)
+        self.nudge()
+
+    async def _refresh_flavors(self, group_ids: Container[str] | None = None) -> None:
+        """Each flavor the groups name (or those of ``group_ids``), fetched once however many
+        groups share it."""
+        cluster = self._inventory.cluster
+        specs = [s for s in cluster.node_groups if group_ids is None or s.group_id in group_ids]
+        for spec, flavor in await self.flavors_of(specs):
+            self._inventory.snapshot.set_flavor(spec.group_id, flavor)
+            self._flavors_wanted.discard(spec.group_id)
+
+    async def flavors_of(
+        self, specs: Iterable[NodeGroupSpec]
+    ) -> list[tuple[NodeGroupSpec, Flavor | None]]:
+        """The flavor of each group, fetched once however many groups share it (a reload
+        fetches those of new and changed groups before it takes effect)."""
         fetched: dict[str, Flavor | None] = {}
-        for spec in self._cluster.node_groups:
+        found = []
+        for spec in specs:
             if spec.flavor not in fetched:
                 fetched[spec.flavor] = await self._cloud.get_flavor(spec.flavor)
             flavor = fetched[spec.flavor]
             if flavor is None:
                 logger.error("flavor not found", group=spec.group_id, flavor=spec.flavor)
-            self._inventory.snapshot.set_flavor(spec.group_id, flavor)
+            found.append((spec, flavor))
+        return found
 
     async def run_reconciler(self) -> None:
         """Sync after every ``reconcile_interval``, or sooner when nudged, for ever. Failures

@@ -17,7 +17,6 @@ from osas.domain.inventory import Inventory
 from osas.domain.ledger import CreateState, Ledger
 from osas.domain.problems import Problem
 from osas.domain.servers import Server, classify_fault
-from osas.domain.specs import ClusterSpec
 from osas.engine.queue import TaskQueue
 from osas.engine.reconciler import Reconciler
 
@@ -54,14 +53,9 @@ class Census:
     ``refresh`` counts ahead of a scrape in slices, so that a large group never holds the
     event loop (and CA's calls) for the whole walk."""
 
-    def __init__(self, inventory: Inventory, group_ids: Iterable[str]) -> None:
+    def __init__(self, inventory: Inventory) -> None:
         self._inventory = inventory
-        self._group_ids = tuple(group_ids)
         self._counts: dict[str, _GroupCount] = {}
-
-    def use_groups(self, group_ids: Iterable[str]) -> None:
-        """A reloaded configuration: the groups to count."""
-        self._group_ids = tuple(group_ids)
 
     def _fresh(self, group_id: str) -> _GroupCount | None:
         cached = self._counts.get(group_id)
@@ -93,7 +87,7 @@ class Census:
     async def refresh(self) -> None:
         """Count every group that changed, giving the event loop a turn between slices."""
         inventory = self._inventory
-        for group_id in self._group_ids:
+        for group_id in [spec.group_id for spec in inventory.cluster.node_groups]:
             if self._fresh(group_id) is not None:
                 continue
             generation = inventory.generation(group_id)
@@ -135,7 +129,6 @@ class StatusSources:
     """Everything ``/status`` reads, wired by the app."""
 
     version: str
-    cluster: ClusterSpec
     inventory: Inventory
     queue: TaskQueue
     reconciler: Reconciler
@@ -154,7 +147,7 @@ def build_status(sources: StatusSources) -> dict[str, Any]:
     for (_, problem), count in sources.reconciler.problems.counts().items():
         problems[problem.value] += count
     groups = []
-    for spec in sources.cluster.node_groups:
+    for spec in inventory.cluster.node_groups:
         group_id = spec.group_id
         groups.append(
             {

@@ -75,7 +75,6 @@ class Workers:
 
     def __init__(
         self,
-        cluster: ClusterSpec,
         cloud: Cloud,
         inventory: Inventory,
         queue: TaskQueue,
@@ -83,23 +82,22 @@ class Workers:
         *,
         metrics: EngineMetrics | None = None,
     ) -> None:
-        self._cluster = cluster
+        self._inventory = inventory
         self._cloud = cloud
         self._metrics = metrics
         self._ledger = inventory.ledger
         self._queue = queue
         self._settings = settings
-        self._marks = OwnershipMarks(cluster.cluster_name)
+        self._marks = OwnershipMarks(inventory.cluster.cluster_name)  # restart-only
         self._draining = anyio.Event()
         self._files = SecretFiles()
         # Per group, the template and variables last checked for placeholders osas leaves as
         # written: each is reported once, not at every create.
         self._checked_templates: dict[str, int] = {}
 
-    def use_cluster(self, cluster: ClusterSpec) -> None:
-        """A reloaded configuration; a create of a group no longer configured is refused."""
-        self._cluster = cluster
-        self.report_unfilled_placeholders()
+    @property
+    def _cluster(self) -> ClusterSpec:
+        return self._inventory.cluster
 
     def report_unfilled_placeholders(self) -> None:
         """Log every ``${name}`` a group's user data would leave as written (a variable

@@ -63,6 +63,10 @@ class FakeCloud:
     ) -> AsyncIterator[list[ServerRecord]]:
         yield await self.list_servers(tag, changes_since=changes_since)
 
+    async def list_changes(self, since: datetime) -> list[ServerRecord]:
+        await self._call()
+        return [server.record() for server in self.nova.list_servers(changes_since=since)]
+
     async def list_server_ids(self, tag: str) -> set[str]:
         await self._call()
         return {server.server_id for server in self.nova.list_servers(tags=[tag])}

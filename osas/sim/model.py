@@ -100,7 +100,8 @@ class FakeServer:
             server_id=self.server_id,
             name=self.name,
             status=self.status,
-            metadata=dict(self.metadata),
+            # Nova reads a deleted server's metadata as empty (its rows are soft-deleted).
+            metadata={} if self.status == "DELETED" else dict(self.metadata),
             tags=frozenset(self.tags),
             task_state=self.task_state,
             fault=self.fault,

@@ -331,7 +331,8 @@ class Compute:
             "status": server.status,
             "tenant_id": self.project_id,
             "user_id": self.user_id,
-            "metadata": dict(server.metadata),
+            # Nova reads a deleted server's metadata as empty (its rows are soft-deleted).
+            "metadata": {} if server.status == "DELETED" else dict(server.metadata),
             "hostId": self._host_id if scheduled else "",
             "image": (
                 {"id": server.image, "links": self._links(base_url, "images", server.image)[1:]}
