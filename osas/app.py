@@ -232,6 +232,9 @@ class App:
             return "shutting down"
         if not self.serving.is_set():
             return "first sync with OpenStack not done yet"
+        refused = self.reconciler.status.credentials_refused
+        if refused is not None:
+            return f"OpenStack refuses osas's credentials: {refused}"
         return self.controller.staleness()
 
     def status(self) -> dict[str, Any]:

@@ -7,6 +7,10 @@ metrics port under load, Refresh storms, certificate rotation without ``tls.serv
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from datetime import timedelta
+
 import grpc
 import structlog
 from support import (
@@ -241,3 +245,105 @@ async def test_a_server_deleted_by_hand_leaves_cas_view_within_one_incremental_s
     assert calls == {"compute.servers.list": 1}  # one listing, no GET per server
     assert "changes-since" in listed[0].target
     assert "tags" not in listed[0].target
+
+
+# -- 3: credentials: an expired or revoked token costs one authentication, never a failure ----
+
+
+def failures(instances) -> list[str]:
+    return [i.status.errorInfo.errorCode for i in instances if i.status.HasField("errorInfo")]
+
+
+async def test_tokens_revoked_with_creates_in_flight_cost_one_authentication_and_no_failure(
+    tmp_path,
+):
+    """Keystone revokes every token while 8 creates are on their way to Nova, twice. Every
+    thread refused with the old token waits for one new one; each create refused 401 (Nova did
+    nothing) is sent again with it. CA sees no failure."""
+    with SimulatedOpenStack(FakeNova(build_seconds=0.05)) as sim:
+        _, path = sim_config(tmp_path, sim, queue={"capacity": 50, "workers": 8})
+        provider = Provider(load_config(path), cloud_for(sim), config_path=path)
+        await provider.start()
+        issued = []
+        try:
+            async with ca_client(provider.address) as ca:
+                sim.nova.faults.latency = 0.3  # creates are on the wire when the tokens go
+                for wanted in (8, 16):
+                    await ca.increase("big", 8)
+                    await asyncio.sleep(0.1)
+                    before = sim.calls["identity.tokens.create"]
+                    sim.identity.revoke_all()
+                    await eventually(
+                        lambda wanted=wanted: len(ours(sim)) == wanted, timeout=20, what="servers"
+                    )
+                    issued.append(sim.calls["identity.tokens.create"] - before)
+                seen = failures(await ca.nodes("big"))
+                target = await ca.target_size("big")
+        finally:
+            await provider.stop()
+    assert seen == []
+    assert target == 16
+    assert issued == [1, 1]  # one authentication for all the threads, each time
+
+
+async def test_tokens_refused_soon_after_issue_fail_no_create(tmp_path):
+    """Tokens refused 3 s after issue while keystoneauth still thinks them valid (a revocation
+    seen through keystonemiddleware's cache): every call that meets one authenticates again
+    once, and goes through."""
+    with SimulatedOpenStack(FakeNova(build_seconds=0.05)) as sim:
+        _, path = sim_config(tmp_path, sim, queue={"capacity": 60, "workers": 8})
+        provider = Provider(load_config(path), cloud_for(sim), config_path=path)
+        sim.identity.refuse_after = timedelta(seconds=3)
+        await provider.start()
+        try:
+            async with ca_client(provider.address) as ca:
+                sim.nova.faults.latency = 0.2
+                for _ in range(5):
+                    await ca.increase("big", 10)
+                    await asyncio.sleep(1.5)
+                await eventually(lambda: len(ours(sim)) == 50, timeout=40, what="50 servers")
+                seen = failures(await ca.nodes("big"))
+        finally:
+            await provider.stop()
+    assert seen == []
+
+
+async def test_credentials_that_stay_refused_are_said_once_and_fail_no_create(tmp_path):
+    """A credential that stays refused is an operator's error: creates wait, CA sees none
+    failed, /readyz says why, a metric says so, one log line; once fixed, the creates go."""
+    with SimulatedOpenStack(FakeNova(build_seconds=0.05)) as sim:
+        _, path = sim_config(tmp_path, sim, metrics_listen="127.0.0.1:0")
+        provider = Provider(load_config(path), cloud_for(sim), config_path=path)
+        await provider.start()
+        app = provider.app
+        try:
+            async with ca_client(provider.address) as ca:
+                with structlog.testing.capture_logs() as logs:
+                    sim.identity.refuse_credentials = True
+                    sim.identity.revoke_all()
+                    await ca.increase("big", 3)
+                    await eventually(
+                        lambda: app.readiness() is not None, timeout=10, what="not ready"
+                    )
+                    for _ in range(3):
+                        with contextlib.suppress(Exception):
+                            await provider.sync(full=False)
+                    await asyncio.sleep(1)
+                    reason = app.readiness()
+                    metric = app.registry.get_sample_value("osas_credentials_refused")
+                    while_refused = await ca.nodes("big")
+                    made_while_refused = len(ours(sim))
+                    sim.identity.refuse_credentials = False
+                    await eventually(lambda: len(ours(sim)) == 3, timeout=40, what="3 servers")
+                    await eventually(lambda: app.readiness() is None, timeout=10, what="ready")
+        finally:
+            await provider.stop()
+    assert made_while_refused == 0
+    assert failures(while_refused) == []
+    assert len(while_refused) == 3  # creating, no error: CA waits for them
+    assert reason is not None
+    assert reason.startswith("OpenStack refuses osas's credentials")
+    assert metric == 1.0
+    said = [e for e in logs if e["event"].startswith("OpenStack refuses osas's credentials")]
+    assert len(said) == 1
+    assert any(e["event"] == "OpenStack accepts osas's credentials again" for e in logs)

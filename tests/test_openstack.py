@@ -31,6 +31,7 @@ from osas.cloud.errors import (
     CloudUnavailable,
     CreateInDoubt,
     CreateNotSent,
+    CredentialsRefused,
     QuotaExceeded,
     RequestRejected,
 )
@@ -299,7 +300,7 @@ async def test_clouds_yaml_named_by_os_cloud(sim, tmp_path, monkeypatch):
         (400, "Invalid flavorRef provided.", RequestRejected),
         (500, "Unexpected API Error", CloudUnavailable),
         (503, "Service Unavailable", CloudUnavailable),
-        (401, "The request you have made requires authentication.", CloudConfigurationError),
+        (401, "The request you have made requires authentication.", CredentialsRefused),
     ],
 )
 def test_http_errors_translate_by_status_and_message(status, message, error):

@@ -59,3 +59,11 @@ class CloudConfigurationError(CloudError):
     """The cloud cannot be used as configured (auth, endpoint, microversion)."""
 
     code = "CloudConfigurationError"
+
+
+class CredentialsRefused(CloudConfigurationError):
+    """OpenStack refused osas's credentials (401), and a fresh token, got once for every
+    thread that saw the refusal, was refused too: an operator's error, not an outage. Nova did
+    nothing with a request it answered 401, so a create refused this way was never made."""
+
+    code = "CredentialsRefused"

@@ -10,6 +10,7 @@ from osas.cloud.errors import (
     CloudUnavailable,
     CreateInDoubt,
     CreateNotSent,
+    CredentialsRefused,
     QuotaExceeded,
     RequestRejected,
 )
@@ -21,6 +22,7 @@ _STATUS_OF_ERROR: tuple[tuple[type[CloudError], str], ...] = (
     (CloudUnavailable, "unavailable"),
     (QuotaExceeded, "quota"),
     (RequestRejected, "rejected"),
+    (CredentialsRefused, "credentials_refused"),
     (CloudConfigurationError, "configuration"),
 )
 STATUSES = ("ok", *(status for _, status in _STATUS_OF_ERROR), "error")
@@ -43,7 +45,8 @@ class CloudMetrics:
         self.requests = Counter(
             "osas_openstack_requests",
             "OpenStack API calls made, by service, operation and outcome (ok, or the error "
-            "class: unavailable, quota, rejected, configuration, in_doubt, not_sent, error).",
+            "class: unavailable, quota, rejected, credentials_refused, configuration, "
+            "in_doubt, not_sent, error).",
             ["service", "operation", "status"],
             registry=registry,
         )

@@ -58,6 +58,7 @@ from osas.cloud.errors import (
     CloudUnavailable,
     CreateInDoubt,
     CreateNotSent,
+    CredentialsRefused,
     QuotaExceeded,
     RequestRejected,
 )
@@ -97,7 +98,7 @@ def _translate_http(exc: sdk_exceptions.HttpException, secrets: tuple[str, ...])
     if status is not None and (status >= _HTTP_SERVER_ERROR or status == _HTTP_TOO_MANY_REQUESTS):
         return CloudUnavailable(f"HTTP {status}: {details}")
     if status == _HTTP_UNAUTHORIZED:
-        return CloudConfigurationError(f"OpenStack refused the credentials: {message}")
+        return CredentialsRefused(f"OpenStack refused the credentials: {message}")
     return RequestRejected(details, status)
 
 
@@ -105,7 +106,7 @@ def _translate_http(exc: sdk_exceptions.HttpException, secrets: tuple[str, ...])
 _TRANSLATIONS: tuple[
     tuple[type[BaseException] | tuple[type[BaseException], ...], type[CloudError]], ...
 ] = (
-    (ks_exceptions.Unauthorized, CloudConfigurationError),
+    (ks_exceptions.Unauthorized, CredentialsRefused),
     (
         (
             ks_exceptions.RetriableConnectionFailure,
@@ -133,6 +134,20 @@ def _translate(exc: Exception, secrets: tuple[str, ...]) -> CloudError:
         if isinstance(exc, classes):
             return error(message)
     return CloudError(f"{type(exc).__name__}: {message}")
+
+
+def _unauthorized(exc: BaseException) -> bool:
+    """OpenStack answered 401: the token (or the credentials behind it) was refused, and the
+    request did nothing (authentication comes before any API work)."""
+    return isinstance(exc, ks_exceptions.Unauthorized) or (
+        isinstance(exc, sdk_exceptions.HttpException) and exc.status_code == _HTTP_UNAUTHORIZED
+    )
+
+
+def _keep_token() -> bool:
+    """What keystoneauth's session is told when it wants to invalidate the token after a 401:
+    no, the adapter renews it itself."""
+    return False
 
 
 def _never_sent(exc: BaseException) -> bool:
@@ -314,6 +329,10 @@ class OpenStackCloud:
         )
         self._resolving: dict[tuple[str, str], asyncio.Future[str | None]] = {}
         self._metrics = metrics
+        # Token renewals after a 401, shared by every thread (see ``_authenticated``).
+        self._auth_lock = threading.Lock()
+        self._auth_epoch = 0
+        self._invalidate_token: Callable[[], bool] | None = None
 
     # -- plumbing ---------------------------------------------------------------------------------
 
@@ -401,8 +420,41 @@ class OpenStackCloud:
                     )
                     for scheme in ("http://", "https://"):
                         conn.session.session.mount(scheme, adapter)
+                    # keystoneauth re-authenticates after a 401 in the thread that saw it, so
+                    # with several threads refused at once each throws the others' new token
+                    # away; osas renews once for all of them instead (``_authenticated``).
+                    plugin = conn.session.auth
+                    if plugin is not None:
+                        self._invalidate_token = plugin.invalidate
+                        # An instance attribute over the plugin's method: the one way to keep
+                        # keystoneauth's session from invalidating on its own.
+                        plugin.invalidate = _keep_token  # type: ignore[method-assign]
                     self._shared = conn
         yield conn
+
+    def _authenticated(
+        self,
+        conn: openstack.connection.Connection,
+        operation: Callable[[openstack.connection.Connection], T],
+    ) -> T:
+        """The operation; after a 401, once more with a new token. The new token is got once
+        for every thread refused with the old one (an expired or revoked token costs one
+        authentication), and a request answered 401 did nothing, so even a create may be sent
+        with the new token. A second 401 means the credentials themselves are refused."""
+        epoch = self._auth_epoch
+        try:
+            return operation(conn)
+        except Exception as exc:
+            if not _unauthorized(exc):
+                raise
+        with self._auth_lock:
+            if self._auth_epoch == epoch:  # nobody renewed it since this call began
+                if self._invalidate_token is not None:
+                    self._invalidate_token()
+                conn.session.get_auth_headers()  # authenticate now, under the lock
+                self._auth_epoch += 1
+                logger.info("OpenStack refused the token; authenticated again")
+        return operation(conn)
 
     async def _once(
         self,
@@ -421,7 +473,7 @@ class OpenStackCloud:
         def run() -> T:
             try:
                 with self._connection() as conn:
-                    return operation(conn)
+                    return self._authenticated(conn, operation)
             except Exception as exc:
                 raise failure(exc, secrets) from exc
 
@@ -467,18 +519,11 @@ class OpenStackCloud:
     async def verify(self) -> str:
         try:
             return await self._verify()
-        except CloudConfigurationError as exc:
-            cause = exc.__cause__
-            refused = isinstance(cause, ks_exceptions.Unauthorized) or (
-                isinstance(cause, sdk_exceptions.HttpException)
-                and cause.status_code == _HTTP_UNAUTHORIZED
-            )
-            if not refused:
-                raise
-            raise CloudConfigurationError(
+        except CredentialsRefused as exc:
+            raise CredentialsRefused(
                 f"{exc}: check the user, password, project or application credential in "
                 f"{self._source}"
-            ) from cause
+            ) from exc.__cause__
 
     async def _verify(self) -> str:
         def check(conn: openstack.connection.Connection) -> str:

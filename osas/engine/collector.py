@@ -53,6 +53,13 @@ class EngineCollector(Collector):
         if seconds is not None:
             age.add_metric([], seconds)
         yield age
+        refused = _gauge(
+            "osas_credentials_refused",
+            "1 while OpenStack refuses osas's credentials (401 after a fresh token): creates "
+            "wait, /readyz fails; fix the credentials (an operator's error, not an outage).",
+        )
+        refused.add_metric([], float(self._reconciler.status.credentials_refused is not None))
+        yield refused
         problems = _gauge(
             "osas_server_problems",
             "Servers in a problem state now (error, build-stuck, delete-stuck, "

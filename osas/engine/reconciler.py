@@ -21,7 +21,7 @@ import anyio
 import anyio.lowlevel
 import structlog
 
-from osas.cloud.errors import CloudError
+from osas.cloud.errors import CloudError, CredentialsRefused
 from osas.cloud.port import Cloud
 from osas.domain.inventory import Inventory
 from osas.domain.ledger import Next
@@ -58,6 +58,8 @@ class SyncStatus:
     incremental_syncs: int = 0
     failures: int = 0
     last_error: str | None = None
+    # Why OpenStack refuses osas's credentials, while it does (an operator's error).
+    credentials_refused: str | None = None
 
 
 class Reconciler:
@@ -113,27 +115,20 @@ class Reconciler:
         now = self._clock()
         if full is None:
             full = self._full_due(now)
+        full = full or self._last_listing is None
         generation = self._ledger.begin_sync()
         started = datetime.now(UTC)
         begun = time.perf_counter()
-        tag = self._marks.cluster_tag
         try:
-            if self._last_listing is None:
-                full = True
-                details = await self._claim_pages(self._cloud.list_server_pages(tag))
-                steps = await self._complete(generation, details, None)
-            elif full:
-                steps = await self._resync(generation, self._last_listing)
-            else:
-                steps = await self._incremental(generation, self._last_listing)
-                if self._flavors_wanted:
-                    await self._refresh_flavors(set(self._flavors_wanted))
+            steps = await self._list(generation, full=full)
         except CloudError as exc:
-            self.status.failures += 1
-            self.status.last_error = str(exc)
+            self._failed(exc)
             if self._metrics is not None:
-                self._metrics.record_sync(full=bool(full), seconds=None)
+                self._metrics.record_sync(full=full, seconds=None)
             raise
+        if self.status.credentials_refused is not None:
+            logger.info("OpenStack accepts osas's credentials again")
+            self.status.credentials_refused = None
         if full:
             self._last_full = now
             self.status.full_syncs += 1
@@ -158,6 +153,33 @@ class Reconciler:
         else:
             logger.debug("inventory synced", servers=len(self._inventory.snapshot))
         return steps
+
+    async def _list(self, generation: int, *, full: bool) -> Next:
+        """The listing of one sync, settled: the first (every detail), a complete one (ids,
+        and details of what changed), or an incremental one."""
+        if self._last_listing is None:
+            tag = self._marks.cluster_tag
+            details = await self._claim_pages(self._cloud.list_server_pages(tag))
+            return await self._complete(generation, details, None)
+        if full:
+            return await self._resync(generation, self._last_listing)
+        steps = await self._incremental(generation, self._last_listing)
+        if self._flavors_wanted:
+            await self._refresh_flavors(set(self._flavors_wanted))
+        return steps
+
+    def _failed(self, exc: CloudError) -> None:
+        self.status.failures += 1
+        self.status.last_error = str(exc)
+        if isinstance(exc, CredentialsRefused):
+            if self.status.credentials_refused is None:
+                # Said once, when it starts: creates wait meanwhile, none is reported failed.
+                logger.error(
+                    "OpenStack refuses osas's credentials: creates wait, nothing is reported "
+                    "failed to CA, and /readyz says so until they are fixed",
+                    reason=str(exc),
+                )
+            self.status.credentials_refused = str(exc)
 
     async def _claim(self, records: list[ServerRecord]) -> dict[str, Server | None]:
         """Each record as ours (a Server) or not (None), by id, in slices."""

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 import anyio
 import structlog
 
-from osas.cloud.errors import CloudError, CloudUnavailable, CreateNotSent
+from osas.cloud.errors import CloudError, CloudUnavailable, CreateNotSent, CredentialsRefused
 from osas.cloud.port import Cloud, CreateServerRequest
 from osas.domain.ids import server_name
 from osas.domain.inventory import Inventory
@@ -35,6 +37,9 @@ from osas.engine.userdata import (
 )
 
 logger = structlog.get_logger(__name__)
+# The longest wait between two sends of a create that never reached Nova (refused
+# credentials can last until an operator fixes them).
+_MAX_RETRY_DELAY = 30.0
 
 
 __all__ = ["Workers", "create_request", "render_user_data"]
@@ -179,46 +184,51 @@ class Workers:
             self._queue.done(task)
 
     async def _backoff(self, attempt: int) -> None:
-        await anyio.sleep(self._settings.retry_backoff * 2**attempt)
+        await anyio.sleep(min(self._settings.retry_backoff * 2**attempt, _MAX_RETRY_DELAY))
 
     def _follow(self, steps: Next) -> None:
         follow(steps, self._queue, self._metrics)
 
     async def _create(self, task: CreateTask) -> None:
         log = logger.bind(group=task.group_id, request_id=task.request_id)
-        spec = self._cluster.group(task.group_id)
         attempt = 0
+        # The ledger hands out only creates still wanted: a reload that removed the group
+        # cancelled its queued ones.
         while self._ledger.take_create(task.request_id) is not None:
-            if spec is None:
-                outcome: CreateOutcome = Refused(
-                    ErrorInfo(
-                        "NodeGroupRemoved",
-                        f"node group {task.group_id!r} is no longer configured",
-                        ErrorClass.OTHER,
-                    )
-                )
-            else:
-                try:
-                    request = create_request(self._cluster, spec, task.request_id, self._files)
-                    self._check_template(spec)  # the file may have changed since the last
-                except UserDataError as exc:
-                    # Refused, not sent: CA sees a failed create with this reason and backs off.
-                    log.error("user data cannot be built; create refused", reason=str(exc))
-                    outcome = Refused(ErrorInfo("UserDataUnavailable", str(exc), ErrorClass.OTHER))
-                else:
-                    outcome = await self._send_create(request)
+            outcome = await self._attempt(task, log)
             if isinstance(outcome, Created):
                 log.info("server created", server_id=outcome.server.server_id)
             steps = self._ledger.finish_create(task.request_id, outcome, anyio.current_time())
             self._follow(steps)
             if not steps.retry:
                 return
-            log.info("create never reached Nova; sending it again", attempt=attempt + 1)
+            refused_credentials = isinstance(outcome, NotSent) and not outcome.counts
+            # Refused credentials are said once, by the reconciler, not once per create.
+            log.log(
+                logging.DEBUG if refused_credentials else logging.INFO,
+                "create never reached Nova; sending it again",
+                attempt=attempt + 1,
+            )
             if self._draining.is_set():
                 self._follow(self._ledger.drop_queued([task.request_id], anyio.current_time()))
                 return
             await self._backoff(attempt)
             attempt += 1
+
+    async def _attempt(self, task: CreateTask, log: structlog.BoundLogger) -> CreateOutcome:
+        """One send of a create the ledger handed out, and what came of it."""
+        spec = self._cluster.group(task.group_id)
+        if spec is None:  # removed between two sends of a create that never reached Nova
+            message = f"node group {task.group_id!r} is no longer configured"
+            return Refused(ErrorInfo("NodeGroupRemoved", message, ErrorClass.OTHER))
+        try:
+            request = create_request(self._cluster, spec, task.request_id, self._files)
+            self._check_template(spec)  # the file may have changed since the last create
+        except UserDataError as exc:
+            # Refused, not sent: CA sees a failed create with this reason and backs off.
+            log.error("user data cannot be built; create refused", reason=str(exc))
+            return Refused(ErrorInfo("UserDataUnavailable", str(exc), ErrorClass.OTHER))
+        return await self._send_create(request)
 
     async def _send_create(self, request: CreateServerRequest) -> CreateOutcome:
         """The create, sent once, and what came of it. Nova has no idempotency key: only an
@@ -227,6 +237,10 @@ class Workers:
             record = await self._cloud.create_server(request)
         except CreateNotSent as exc:
             return NotSent(exc.error_info())
+        except CredentialsRefused as exc:
+            # A 401 is proof Nova made nothing: sent again once the credentials work, and
+            # never reported to CA as a failed create (the readiness probe says it instead).
+            return NotSent(exc.error_info(), counts=False)
         except CloudUnavailable as exc:
             return InDoubt(str(exc))
         except CloudError as exc:

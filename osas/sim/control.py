@@ -19,6 +19,12 @@ the servers compactly:
   connection closed without an answer).
 - ``GET|POST /_sim/nova``: ``build_seconds`` (null: BUILD until activated) and
   ``delete_seconds`` (how long a deleted server stays ACTIVE with task_state ``deleting``).
+- ``GET|POST /_sim/identity``: ``token_lifetime`` (seconds: the ``expires_at`` of new tokens;
+  keystoneauth renews a token that ends within two minutes before each request),
+  ``refuse_after`` (seconds, or null: every API refuses a token once it is this old, while its
+  ``expires_at`` says it is valid, as a revocation seen through keystonemiddleware's cache
+  does), ``refuse_credentials`` (true: every password and application credential is refused);
+  ``POST /_sim/identity/revoke``: every token issued so far is refused from now on.
 - ``POST /_sim/activate`` (optionally ``{"id": ...}``), ``GET /_sim/calls``,
   ``POST /_sim/calls/reset``.
 """
@@ -29,8 +35,10 @@ import dataclasses
 import math
 from collections import Counter
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
+from osas.sim.keystone import Identity
 from osas.sim.model import FakeNova, FakeServer, Faults, Quota
 from osas.sim.routing import HttpError, Request, Response, Router, timestamp
 
@@ -58,9 +66,10 @@ def compact(server: FakeServer) -> dict[str, Any]:
 
 
 class Control:
-    def __init__(self, nova: FakeNova, calls: Counter[str]) -> None:
+    def __init__(self, nova: FakeNova, calls: Counter[str], identity: Identity) -> None:
         self.nova = nova
         self.calls = calls
+        self.identity = identity
 
     def register(self, router: Router) -> None:
         routes = [
@@ -73,6 +82,9 @@ class Control:
             ("POST", "/_sim/quota", self._set_quota),
             ("GET", "/_sim/nova", self._timings),
             ("POST", "/_sim/nova", self._set_timings),
+            ("GET", "/_sim/identity", self._identity),
+            ("POST", "/_sim/identity", self._set_identity),
+            ("POST", "/_sim/identity/revoke", self._revoke_tokens),
             ("POST", "/_sim/activate", self._activate),
             ("GET", "/_sim/calls", self._calls),
             ("POST", "/_sim/calls/reset", self._reset_calls),
@@ -164,6 +176,43 @@ class Control:
             setattr(self.nova, name, value)
         return self._timings(request)
 
+    def _identity(self, request: Request) -> Response:
+        del request
+        identity = self.identity
+        refuse_after = identity.refuse_after
+        return Response.json(
+            200,
+            {
+                "identity": {
+                    "token_lifetime": identity.token_lifetime.total_seconds(),
+                    "refuse_after": None if refuse_after is None else refuse_after.total_seconds(),
+                    "refuse_credentials": identity.refuse_credentials,
+                }
+            },
+        )
+
+    def _set_identity(self, request: Request) -> Response:
+        values = self._body(request)
+        if not isinstance(values, dict):
+            raise _refuse(400, "expected a JSON object")
+        refuse = values.pop("refuse_credentials", None)
+        if refuse is not None and not isinstance(refuse, bool):
+            raise _refuse(400, "refuse_credentials must be true or false")
+        _check(values, _IDENTITY_TIMES)
+        identity = self.identity
+        if "token_lifetime" in values:
+            identity.token_lifetime = timedelta(seconds=values["token_lifetime"])
+        if "refuse_after" in values:
+            after = values["refuse_after"]
+            identity.refuse_after = None if after is None else timedelta(seconds=after)
+        if refuse is not None:
+            identity.refuse_credentials = refuse
+        return self._identity(request)
+
+    def _revoke_tokens(self, request: Request) -> Response:
+        del request
+        return Response.json(200, {"revoked": self.identity.revoke_all()})
+
     def _activate(self, request: Request) -> Response:
         body = self._body(request) if request.body else {}
         server_id = body.get("id") if isinstance(body, dict) else None
@@ -184,6 +233,7 @@ class Control:
 
 # FakeNova's own timings the control API sets, with their types as Faults and Quota spell them.
 _NOVA_TIMINGS = {"build_seconds": "float | None", "delete_seconds": "float"}
+_IDENTITY_TIMES = {"token_lifetime": "float", "refuse_after": "float | None"}
 # Fields whose values are bounded beyond "non-negative".
 _RANGES = {"lost_create_status": (500, 599)}
 

@@ -105,6 +105,14 @@ class Identity:
         self.users: dict[str, User] = {}
         self.application_credentials: dict[str, ApplicationCredential] = {}
         self._tokens: dict[str, Token] = {}
+        # What an operator or Keystone does to tokens (the control API sets these):
+        self.token_lifetime = TOKEN_LIFETIME  # the expires_at of new tokens
+        # Tokens refused by every API once this old, while their expires_at says they are
+        # valid: what a client meets as a 401 on a token it thinks good (a revocation seen
+        # through keystonemiddleware's cache, a clock apart). None: never.
+        self.refuse_after: timedelta | None = None
+        # Every password and application credential refused (changed, deleted, expired).
+        self.refuse_credentials = False
 
     # -- registry ---------------------------------------------------------------------------------
 
@@ -124,9 +132,19 @@ class Identity:
     def token(self, token_id: str | None) -> Token | None:
         """The live token behind an ``X-Auth-Token``, or None (then the API answers 401)."""
         token = self._tokens.get(token_id or "")
-        if token is None or token.expires_at <= datetime.now(UTC):
+        now = datetime.now(UTC)
+        if token is None or token.expires_at <= now:
+            return None
+        if self.refuse_after is not None and now - token.issued_at >= self.refuse_after:
             return None
         return token
+
+    def revoke_all(self) -> int:
+        """Keystone revokes every token issued so far (a password changed, an application
+        credential rotated): each is refused from now on. How many there were."""
+        revoked = len(self._tokens)
+        self._tokens.clear()
+        return revoked
 
     # -- routes -----------------------------------------------------------------------------------
 
@@ -173,6 +191,8 @@ class Identity:
         methods = tuple(str(method) for method in identity["methods"])
         now = datetime.now(UTC)
         project: Project | None
+        if self.refuse_credentials:
+            raise HttpError(unauthorized(request.base_url))
         if "application_credential" in methods:
             credential = self._check_application_credential(identity, request.base_url)
             user, project = credential.user, credential.user.project
@@ -188,7 +208,7 @@ class Identity:
             project=project,
             methods=methods,
             issued_at=now,
-            expires_at=now + TOKEN_LIFETIME,
+            expires_at=now + self.token_lifetime,
             application_credential=credential,
         )
         self._tokens[token.token_id] = token

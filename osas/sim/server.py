@@ -188,7 +188,7 @@ class SimulatedOpenStack:
         for service in (self.identity, self.compute, self.glance, self.neutron):
             service.register(self._router)
         self._control = Router()
-        Control(self.nova, self.calls).register(self._control)
+        Control(self.nova, self.calls, self.identity).register(self._control)
         self._add_defaults()
 
     def _add_defaults(self) -> None:
