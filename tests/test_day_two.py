@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import threading
+import urllib.request
 from datetime import timedelta
 
 import grpc
@@ -347,3 +350,99 @@ async def test_credentials_that_stay_refused_are_said_once_and_fail_no_create(tm
     said = [e for e in logs if e["event"].startswith("OpenStack refuses osas's credentials")]
     assert len(said) == 1
     assert any(e["event"] == "OpenStack accepts osas's credentials again" for e in logs)
+
+
+# -- 6: nothing on the metrics port can fail liveness or hold CA's calls up --------------------
+
+
+def probe(port: int, path: str) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=1.0) as answer:
+        return int(answer.status)
+
+
+async def test_idle_slow_and_busy_metrics_clients_never_fail_healthz_or_hold_ca_up(tmp_path):
+    """200 idle connections and 64 that send half a request line, then 50 clients polling
+    /status and /metrics: every /healthz probe is answered within a second (before, the
+    connection cap reset all 40 of 40, and the documented liveness probe restarted osas), and
+    CA's calls go on being answered."""
+    with SimulatedOpenStack(FakeNova(build_seconds=0.05)) as sim:
+        seed_running(sim, 2000)
+        _, path = sim_config(
+            tmp_path, sim, metrics_listen="127.0.0.1:0", node_groups=[{**BIG, "max_size": 5000}]
+        )
+        provider = Provider(load_config(path), cloud_for(sim), config_path=path)
+        await provider.start()
+        assert provider.app.ops is not None
+        port = provider.app.ops.port
+        idle, slow = [], []
+        stop = threading.Event()
+
+        def poll(target: str) -> None:
+            while not stop.is_set():
+                with contextlib.suppress(OSError):
+                    probe(port, target)
+
+        pollers = [
+            threading.Thread(target=poll, args=(target,), daemon=True)
+            for target in ("/status", "/metrics") * 25
+        ]
+        try:
+            idle += [socket.create_connection(("127.0.0.1", port)) for _ in range(200)]
+            for _ in range(64):
+                client = socket.create_connection(("127.0.0.1", port))
+                client.sendall(b"GET /metr")
+                slow.append(client)
+            for thread in pollers:
+                thread.start()
+            healthz = [await asyncio.to_thread(probe, port, "/healthz") for _ in range(40)]
+            async with ca_client(provider.address) as ca:
+                targets = [await ca.target_size("big") for _ in range(50)]
+        finally:
+            stop.set()
+            for client in idle + slow:
+                client.close()
+            for thread in pollers:
+                thread.join(5)
+            await provider.stop()
+    assert healthz == [200] * 40
+    assert targets == [2000] * 50
+
+
+# -- 7: Refresh storms -------------------------------------------------------------------------
+
+
+async def test_refresh_faster_than_the_interval_costs_one_extra_listing_per_interval(tmp_path):
+    """CA calls Refresh before each loop; several CAs, or a short --scan-interval, call it
+    much faster. Before, 3,000 Refresh calls in 30 s made 1,546 Nova listings."""
+    interval, seconds = 0.5, 3.0
+    with SimulatedOpenStack(FakeNova(build_seconds=0.05)) as sim:
+        seed_running(sim, 5)
+        _, path = sim_config(
+            tmp_path,
+            sim,
+            reconcile={
+                "interval": f"{interval}s",
+                "full_resync_interval": "1h",
+                "max_inventory_age": "1h",
+            },
+        )
+        provider = Provider(load_config(path), cloud_for(sim), config_path=path)
+        await provider.start()
+        status = provider.app.reconciler.status
+        try:
+            async with ca_client(provider.address) as ca:
+                before = status.full_syncs + status.incremental_syncs
+                listings = sim.calls["compute.servers.list"]
+                deadline = asyncio.get_running_loop().time() + seconds
+                refreshes = 0
+                while asyncio.get_running_loop().time() < deadline:
+                    await ca.refresh()
+                    refreshes += 1
+                syncs = status.full_syncs + status.incremental_syncs - before
+                listed = sim.calls["compute.servers.list"] - listings
+        finally:
+            await provider.stop()
+    assert refreshes > 300
+    most = 2 * int(seconds / interval) + 2  # one regular and one extra per interval
+    assert 1 <= syncs <= most, syncs
+    assert listed <= most

@@ -267,3 +267,27 @@ async def test_rotation_to_a_certificate_without_the_server_names_is_refused(tmp
         assert provider.app.server.certificates.rejected_reloads == 1
     finally:
         await provider.stop()
+
+
+async def test_without_server_names_a_renewal_must_keep_the_names_in_use(tmp_path, pki):
+    """No tls.server_names: the names CA dials are those of the certificate it was given with,
+    so a renewal for other names is refused (before, it was taken, and CA's next handshake
+    failed)."""
+    with structlog.testing.capture_logs() as logs:
+        provider = await start(tmp_path, pki)
+    try:
+        said = next(e for e in logs if e["event"].startswith("tls.server_names is not set"))
+        assert said["names"] == ["localhost", "127.0.0.1"]
+        with structlog.testing.capture_logs() as logs:
+            pki.write(pki.authority, pki.authority.issue_cert("elsewhere.example"))
+            assert await node_groups(address(provider), pki.client())
+        refused = [e for e in logs if e["event"].startswith("new TLS files refused")]
+        assert "does not cover localhost, 127.0.0.1" in refused[0]["reason"]
+        assert provider.app.server.certificates.rejected_reloads == 1
+        pki.write(
+            pki.authority, pki.authority.issue_cert("localhost", "127.0.0.1", "extra.example")
+        )
+        assert await node_groups(address(provider), pki.client())
+        assert provider.app.server.certificates.rejected_reloads == 1
+    finally:
+        await provider.stop()

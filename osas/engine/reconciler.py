@@ -87,6 +87,7 @@ class Reconciler:
         # Wall-clock start of the last successful listing, for changes-since.
         self._last_listing: datetime | None = None
         self._nudged = anyio.Event()
+        self._last_nudged = -math.inf  # when a nudge last started a sync
         # Groups whose flavor a reload could not fetch: fetched at the next sync of any kind.
         self._flavors_wanted: set[str] = set()
         # Ids a listing by the cluster tag shows that lack the metadata marks: not ours, and not
@@ -342,6 +343,25 @@ class Reconciler:
                 failures = 0
 
     async def _wait(self, delay: float) -> None:
-        with anyio.move_on_after(delay if math.isfinite(delay) else None):
-            await self._nudged.wait()
-        self._nudged = anyio.Event()
+        """Until ``delay`` has passed, or a nudge (Refresh) came. Nudges start at most one
+        extra sync per ``reconcile_interval``: a nudge within an interval of the last one that
+        did waits for that interval's end, so Refresh calls faster than the interval cost one
+        extra listing each interval, however many there are."""
+        deadline = self._clock() + delay if math.isfinite(delay) else math.inf
+        while True:
+            left = deadline - self._clock()
+            if left <= 0:
+                return
+            with anyio.move_on_after(left if math.isfinite(left) else None):
+                await self._nudged.wait()
+            if not self._nudged.is_set():
+                return  # the regular sync
+            self._nudged = anyio.Event()
+            now = self._clock()
+            allowed = self._last_nudged + self._settings.reconcile_interval
+            if now >= allowed:
+                self._last_nudged = now
+                return
+            # Too soon after the last extra sync: one more at the end of its interval.
+            deadline = min(deadline, allowed)
+            self._last_nudged = allowed

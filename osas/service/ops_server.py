@@ -1,26 +1,36 @@
 """The operations port (``metrics_listen``): plain HTTP for Prometheus, kubelet and people.
 
 - ``/metrics``: the app's registry in Prometheus' text format;
-- ``/healthz``: 200 as long as the event loop answers (it serves this very request), so an
-  OpenStack outage never turns into a restart loop;
+- ``/healthz``: 200 while the event loop keeps its heartbeat (it beats four times a second),
+  so an OpenStack outage never turns into a restart loop, and a stuck loop does;
 - ``/readyz``: 200 once the first sync is done and while the inventory is younger than
-  ``reconcile.max_inventory_age``, else 503 with the reason;
+  ``reconcile.max_inventory_age`` and OpenStack accepts osas's credentials, else 503 with the
+  reason;
 - ``/status``: what osas is doing, as JSON (``osas status`` prints it as a table).
 
-Served by the event loop itself, like everything osas does: a scrape reads the inventory
-between two changes, never during one. A small HTTP/1.1 server of our own (one request per
-connection), since that is all it takes; requests are bounded in size, time and number.
+Nothing an HTTP client does here can delay a gRPC answer or fail liveness: the port is served
+by the standard library's threading HTTP server in threads of its own (one per connection, a
+read timeout on each), never by the event loop. ``/healthz`` reads the heartbeat and nothing
+else. What the others say is read on the event loop, where the inventory is never seen
+half-changed: ``/readyz`` asks it each time (a cheap question), ``/metrics`` and ``/status``
+are rendered there at most five times a second however many clients poll, and served from that
+copy.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
+import socket
+import threading
+import time
 import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import structlog
@@ -30,11 +40,15 @@ from osas.service.server import BindError, bind_problem
 
 logger = structlog.get_logger(__name__)
 
+# A connection that sends nothing for this long is closed (slow or idle clients).
 _READ_TIMEOUT = 5.0
-_MAX_HEADER_LINES = 64
-_MAX_LINE = 8192
-# Anyone who reaches the port may connect: past this many at once, new ones are closed.
-_MAX_CONNECTIONS = 64
+_HEARTBEAT = 0.25
+# /healthz fails once the event loop has not beaten for this long: stuck, not busy.
+_STALL_LIMIT = 10.0
+# How long a request waits for the event loop to answer it, and how old a rendered /metrics
+# or /status may be before it is rendered again.
+_LOOP_TIMEOUT = 5.0
+_RENDER_EVERY = 0.2
 _TEXT = "text/plain; charset=utf-8"
 _JSON = "application/json"
 
@@ -50,8 +64,21 @@ def _text(status: HTTPStatus, text: str) -> _Answer:
     return _Answer(status, _TEXT, f"{text}\n".encode())
 
 
+_NOT_FOUND = _text(HTTPStatus.NOT_FOUND, "not found: try /metrics, /healthz, /readyz, /status")
+_BUSY = _text(HTTPStatus.SERVICE_UNAVAILABLE, "not ready: the event loop did not answer in time")
+_FAILED = _text(HTTPStatus.INTERNAL_SERVER_ERROR, "failed: see the log event of the same time")
+
+
+@dataclass(slots=True)
+class _Rendered:
+    answer: _Answer | None = None
+    at: float = 0.0
+    pending: concurrent.futures.Future[_Answer] | None = None
+
+
 class OperationsServer:
-    """``/metrics``, ``/healthz``, ``/readyz`` and ``/status`` on one address."""
+    """``/metrics``, ``/healthz``, ``/readyz`` and ``/status`` on one address, in threads of
+    their own."""
 
     def __init__(
         self,
@@ -63,111 +90,170 @@ class OperationsServer:
         prepare: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._listen = listen
-        # Run before /metrics and /status: work that may give the event loop turns (a
-        # scrape itself cannot: prometheus_client's collectors are synchronous).
+        # Run before /metrics and /status are rendered: work that may give the event loop
+        # turns (a scrape itself cannot: prometheus_client's collectors are synchronous).
         self._prepare = prepare
         self._registry = registry
         self._readiness = readiness
         self._status = status
-        self._server: asyncio.Server | None = None
-        self._open = 0
+        self._http: ThreadingHTTPServer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._beat = time.monotonic()
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._rendered = {"/metrics": _Rendered(), "/status": _Rendered()}
+        self._render_lock = threading.Lock()
         self.port = 0
 
     async def start(self) -> None:
         host, _, port = self._listen.rpartition(":")
+        host = host.strip("[]")
+        handler = type("_Handler", (_Handler,), {"ops": self})
+        server = _Server6 if ":" in host else _Server
         try:
-            self._server = await asyncio.start_server(
-                self._serve, host.strip("[]") or None, int(port), limit=_MAX_LINE
-            )
+            http = server((host or "0.0.0.0", int(port)), handler)  # noqa: S104 - as configured
         except OSError:
             problem = bind_problem(self._listen)
             raise BindError(
                 f"cannot listen on {self._listen} (metrics_listen): {problem}"
             ) from None
-        self.port = int(self._server.sockets[0].getsockname()[1])
+        self._http = http
+        self._loop = asyncio.get_running_loop()
+        self._beat = time.monotonic()
+        self._heartbeat = asyncio.create_task(self._beat_forever(), name="osas-heartbeat")
+        threading.Thread(target=http.serve_forever, name="osas-metrics", daemon=True).start()
+        self.port = int(http.server_address[1])
         logger.info("metrics listening", listen=self._listen, port=self.port)
 
     async def close(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            server.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(server.wait_closed(), 1.0)
+        http, self._http = self._http, None
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+        if http is not None:
+            # shutdown() waits for serve_forever to notice (half a second at most).
+            await asyncio.to_thread(http.shutdown)
+            http.server_close()
+
+    async def _beat_forever(self) -> None:
+        while True:
+            self._beat = time.monotonic()
+            await asyncio.sleep(_HEARTBEAT)
+
+    # -- answers, on the server's threads ----------------------------------------------------
 
     def answer(self, method: str, path: str) -> _Answer:
         if method not in {"GET", "HEAD"}:
             return _text(HTTPStatus.METHOD_NOT_ALLOWED, "only GET and HEAD")
-        route = {
-            "/metrics": self._metrics,
-            "/healthz": lambda: _text(HTTPStatus.OK, "ok"),
-            "/readyz": self._ready,
-            "/status": self._status_document,
-        }.get(path)
-        if route is None:
-            return _text(
-                HTTPStatus.NOT_FOUND, "not found: try /metrics, /healthz, /readyz, /status"
-            )
-        return route()
+        if path == "/healthz":
+            return self._health()
+        if path == "/readyz":
+            return self._ready()
+        if path in self._rendered:
+            return self._render(path)
+        return _NOT_FOUND
 
-    def _metrics(self) -> _Answer:
-        return _Answer(HTTPStatus.OK, CONTENT_TYPE_LATEST, generate_latest(self._registry))
+    def _health(self) -> _Answer:
+        silent = time.monotonic() - self._beat
+        if silent > _STALL_LIMIT:
+            return _text(HTTPStatus.SERVICE_UNAVAILABLE, f"the event loop is stuck ({silent:.0f}s)")
+        return _text(HTTPStatus.OK, "ok")
+
+    def _in_loop(self, work: Callable[[], Awaitable[_Answer]]) -> _Answer:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return _BUSY
+        future = asyncio.run_coroutine_threadsafe(_awaited(work), loop)
+        try:
+            return future.result(_LOOP_TIMEOUT)
+        except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError, RuntimeError):
+            future.cancel()
+            return _BUSY
+        except Exception:
+            logger.exception("metrics port: an answer failed")
+            return _FAILED
 
     def _ready(self) -> _Answer:
-        reason = self._readiness()
-        if reason is None:
-            return _text(HTTPStatus.OK, "ready")
-        return _text(HTTPStatus.SERVICE_UNAVAILABLE, f"not ready: {reason}")
+        async def ask() -> _Answer:
+            reason = self._readiness()
+            if reason is None:
+                return _text(HTTPStatus.OK, "ready")
+            return _text(HTTPStatus.SERVICE_UNAVAILABLE, f"not ready: {reason}")
 
-    def _status_document(self) -> _Answer:
+        return self._in_loop(ask)
+
+    def _render(self, path: str) -> _Answer:
+        """The last rendering if it is younger than ``_RENDER_EVERY``; else a new one, made
+        once on the event loop for every request that asks meanwhile."""
+        rendered = self._rendered[path]
+        with self._render_lock:
+            if rendered.answer is not None and time.monotonic() - rendered.at < _RENDER_EVERY:
+                return rendered.answer
+            if rendered.pending is None:
+                rendered.pending = concurrent.futures.Future()
+                owner = True
+            else:
+                owner = False
+            pending = rendered.pending
+        if not owner:
+            try:
+                return pending.result(_LOOP_TIMEOUT + 1)
+            except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
+                return _BUSY
+        answer = self._in_loop(lambda: self._make(path))
+        with self._render_lock:
+            if answer is not _BUSY:
+                rendered.answer, rendered.at = answer, time.monotonic()
+            rendered.pending = None
+        pending.set_result(answer)
+        return answer
+
+    async def _make(self, path: str) -> _Answer:
+        if self._prepare is not None:
+            await self._prepare()
+        if path == "/metrics":
+            return _Answer(HTTPStatus.OK, CONTENT_TYPE_LATEST, generate_latest(self._registry))
         return _Answer(HTTPStatus.OK, _JSON, json.dumps(self._status(), indent=1).encode())
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._open += 1
-        try:
-            if self._open > _MAX_CONNECTIONS:
-                return
-            try:
-                async with asyncio.timeout(_READ_TIMEOUT):
-                    method, path = await _read_request(reader)
-            except (TimeoutError, ValueError, ConnectionError, asyncio.IncompleteReadError):
-                answer = _text(HTTPStatus.BAD_REQUEST, "bad request")
-                method = "GET"
-            else:
-                if self._prepare is not None and path in {"/metrics", "/status"}:
-                    await self._prepare()
-                answer = self.answer(method, path)
-            head = (
-                f"HTTP/1.1 {answer.status.value} {answer.status.phrase}\r\n"
-                f"Content-Type: {answer.content_type}\r\n"
-                f"Content-Length: {len(answer.body)}\r\n"
-                "Cache-Control: no-store\r\n"
-                "Connection: close\r\n\r\n"
-            )
-            writer.write(head.encode("latin-1"))
-            if method != "HEAD":
-                writer.write(answer.body)
-            with contextlib.suppress(ConnectionError, TimeoutError):
-                async with asyncio.timeout(_READ_TIMEOUT):
-                    await writer.drain()
-        finally:
-            self._open -= 1
-            writer.close()
-            with contextlib.suppress(ConnectionError, TimeoutError, OSError):
-                async with asyncio.timeout(1.0):
-                    await writer.wait_closed()
+
+async def _awaited(work: Callable[[], Awaitable[_Answer]]) -> _Answer:
+    return await work()
 
 
-async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str]:
-    """The method and path of one request; its headers are read and ignored."""
-    request_line = (await reader.readline()).decode("latin-1").strip()
-    parts = request_line.split()
-    if len(parts) != 3 or not parts[2].startswith("HTTP/"):  # noqa: PLR2004 - method, target, version
-        raise ValueError("not an HTTP request line")
-    for _ in range(_MAX_HEADER_LINES):
-        line = await reader.readline()
-        if line in {b"\r\n", b"\n", b""}:
-            return parts[0], parts[1].split("?", 1)[0]
-    raise ValueError("too many header lines")
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True  # a client still connected never holds the process at exit
+    request_queue_size = 128
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _Handler(BaseHTTPRequestHandler):
+    ops: OperationsServer
+    timeout = _READ_TIMEOUT
+    protocol_version = "HTTP/1.0"  # one request per connection
+    server_version = "osas"
+    sys_version = ""
+
+    def do_GET(self) -> None:
+        self._reply(self.ops.answer("GET", self.path.split("?", 1)[0]), body=True)
+
+    def do_HEAD(self) -> None:
+        self._reply(self.ops.answer("HEAD", self.path.split("?", 1)[0]), body=False)
+
+    def _reply(self, answer: _Answer, *, body: bool) -> None:
+        self.send_response(answer.status.value)
+        self.send_header("Content-Type", answer.content_type)
+        self.send_header("Content-Length", str(len(answer.body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        if body:
+            with contextlib.suppress(OSError):
+                self.wfile.write(answer.body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+        """Requests are not logged: probes come every few seconds."""
 
 
 def fetch_status(url: str, timeout: float = 5.0) -> dict[str, Any]:

@@ -13,6 +13,7 @@ maximum connection age sends them away to handshake again.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import ipaddress
 import threading
@@ -181,11 +182,20 @@ class CertificateFiles:
     keeps serving."""
 
     def __init__(self, files: TlsFiles, *, clock: Callable[[], datetime] = _now) -> None:
-        self._files = files
         self._clock = clock
         self._lock = threading.Lock()
         self._current = _read(files)
         self.identity = _check(self._current, files, clock())
+        if not files.server_names:
+            # The names CA dials are those of the certificate it was given with: a renewal
+            # must keep them, or CA's next handshake fails.
+            files = dataclasses.replace(files, server_names=tuple(self.identity.names()))
+            logger.info(
+                "tls.server_names is not set: renewed certificates must cover the names of "
+                "the one in use",
+                names=self.identity.names(),
+            )
+        self._files = files
         self.rejected_reloads = 0
         # The last set refused (its digest, or why it could not be read): a bad set is checked
         # again at every handshake, in case time makes it valid, but logged and counted once.
