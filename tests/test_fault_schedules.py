@@ -1,15 +1,25 @@
-"""Random fault schedules, with the invariants checked after every convergence.
+"""Random fault schedules and operator actions, with the invariants checked after every
+convergence.
 
 A hypothesis state machine plays the Cluster Autoscaler against a real osas (gRPC on
 127.0.0.1) and the simulated OpenStack (HTTP, unmodified openstacksdk) while it breaks Nova in
-every way osas must survive: 5xx, latency, creates Nova stores only after the client gave up,
-lost answers, its quota re-check, restarts by kill and by SIGTERM. Whenever the faults stop and
-CA's loop has converged, these must hold:
+every way osas must survive (5xx, latency, creates Nova stores only after the client gave up,
+lost answers, its quota re-check, restarts by kill and by SIGTERM) and while operators and the
+world act on it: configuration reloads (max_size down and up, the group removed and added back,
+its flavor changed, a file that does not load), Keystone revoking every token, a server deleted
+by hand (gone from CA's view after one incremental sync), servers of an earlier life sharing a
+request id seeded before a restart. Whenever the faults stop and CA's loop has converged, these
+must hold:
 
-- no kept duplicate: at most one live server per create request id, and no create sent twice;
+- no kept duplicate: at most one live server per create request osas sent, and no create made
+  twice; servers an earlier life left sharing a request id are kept until CA scales them down;
 - never above max_size: servers of the group (not being deleted) plus creates in hand;
+- osas deletes on its own only what it asked Nova for: an earlier life's servers go only when
+  CA asks;
 - no foreign server touched: look-alikes of other clusters, and unmarked ones, are untouched;
-- target and servers agree: CA's target, the running instances and Nova's servers are equal.
+- no create reported failed for refused tokens;
+- target and servers agree: CA's target, the running instances and Nova's servers are equal,
+  and CA's view is Nova's.
 """
 
 from __future__ import annotations
@@ -28,15 +38,25 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from support import (
     CLUSTER,
+    TAG,
     Provider,
-    big_config,
     cloud_for,
+    config_data,
     kept,
     ours,
+    write_config,
 )
 
+from osas.cloud.errors import CloudError
+from osas.config import load_config
 from osas.demo.client import CaClient, connect
-from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST, TAG_CLUSTER_PREFIX
+from osas.domain.servers import (
+    META_CLUSTER,
+    META_GROUP,
+    META_REQUEST,
+    TAG_CLUSTER_PREFIX,
+    TAG_REQUEST_PREFIX,
+)
 from osas.sim import SimulatedOpenStack
 from osas.sim.model import FakeNova
 
@@ -47,13 +67,29 @@ STALLS = (0.0, 0.6, 1.5)  # shorter and longer than the client's timeout and the
 CONVERGE_SECONDS = 40.0
 
 
+def owned(sim: SimulatedOpenStack) -> list:
+    """Servers of this cluster's group, with its marks (no look-alike), not being deleted."""
+    return [
+        s
+        for s in ours(sim)
+        if s.deleting_since is None and s.metadata.get(META_CLUSTER) == CLUSTER and TAG in s.tags
+    ]
+
+
 def live_requests(sim: SimulatedOpenStack) -> Counter[str]:
     """Servers of this cluster's group not being deleted, per create request id."""
-    return Counter(
-        s.metadata.get(META_REQUEST, s.server_id)
-        for s in ours(sim)
-        if s.deleting_since is None and s.metadata.get(META_CLUSTER) == CLUSTER and s.tags
-    )
+    return Counter(s.metadata.get(META_REQUEST, s.server_id) for s in owned(sim))
+
+
+GROUP = {
+    "id": "big",
+    "min_size": 0,
+    "max_size": MAX_SIZE,
+    "flavor": "m1.small",
+    "image": "ubuntu-24.04",
+    "networks": ["cluster-net"],
+}
+FLAVORS = ("m1.small", "m1.medium")
 
 
 class FaultSchedule(RuleBasedStateMachine):
@@ -63,18 +99,8 @@ class FaultSchedule(RuleBasedStateMachine):
         self.tmp = Path(tempfile.mkdtemp(prefix="osas-faults-"))
         self.sim = SimulatedOpenStack(FakeNova(build_seconds=0.05, delete_seconds=0.1))
         self.sim.start()
-        self.config = big_config(
-            self.tmp,
-            node_groups=[
-                {
-                    "id": "big",
-                    "min_size": 0,
-                    "max_size": MAX_SIZE,
-                    "flavor": "m1.small",
-                    "image": "ubuntu-24.04",
-                    "networks": ["cluster-net"],
-                }
-            ],
+        self.data = config_data(
+            node_groups=[dict(GROUP)],
             queue={"capacity": 50, "workers": 3},
             reconcile={
                 "interval": "0.1s",
@@ -87,8 +113,16 @@ class FaultSchedule(RuleBasedStateMachine):
             openstack={"api_timeout": f"{API_TIMEOUT}s"},
             shutdown_grace="2s",
         )
+        self.path = write_config(self.tmp, self.data)
+        self.config = load_config(self.path)
         self.foreign = self._seed_foreign()
         self.want = 0  # what CA wants the group to hold
+        self.max_size = MAX_SIZE  # the group's max_size in force
+        self.bound = MAX_SIZE  # what the target may reach before CA converges again
+        self.earlier_life: set[str] = set()  # servers an earlier life left sharing a request
+        self.ca_deleted: set[str] = set()  # instance ids CA asked osas to delete
+        self.by_hand: set[str] = set()  # server ids deleted behind osas's back
+        self.failure_codes: Counter[str] = Counter()  # what CA saw failed creates report
         self.longest_stall = 0.0
         self.provider: Provider | None = None
         self.ca: CaClient | None = None
@@ -111,7 +145,10 @@ class FaultSchedule(RuleBasedStateMachine):
         return {s.server_id: dict(s.metadata) for s in look_alikes}
 
     async def _start(self) -> None:
-        self.provider = Provider(self.config, cloud_for(self.sim, api_timeout=API_TIMEOUT))
+        self.config = load_config(self.path)
+        self.provider = Provider(
+            self.config, cloud_for(self.sim, api_timeout=API_TIMEOUT), config_path=self.path
+        )
         await self.provider.start(wait_serving=False)
         await self.provider.wait_serving(timeout=30)
         self._ca_context = connect(self.provider.address, None)
@@ -177,7 +214,7 @@ class FaultSchedule(RuleBasedStateMachine):
         async def run() -> None:
             assert self.ca is not None
             ok, target = await self._call(self.ca.target_size("big"))
-            if ok and isinstance(target, int) and target + delta <= MAX_SIZE:
+            if ok and isinstance(target, int) and target + delta <= self.max_size:
                 increased, _ = await self._call(self.ca.increase("big", delta))
                 if increased:
                     self.want = max(self.want, target + delta)
@@ -200,6 +237,7 @@ class FaultSchedule(RuleBasedStateMachine):
                 )
                 if deleted:
                     self.want = max(0, self.want - len(running))
+                    self.ca_deleted.update(i.id for i in running)
             await self._pause(0.2)
 
         self.loop.run(run())
@@ -223,14 +261,115 @@ class FaultSchedule(RuleBasedStateMachine):
         # The first sync is retried until Nova answers; a very flaky Nova may take a while.
         await self._start()
 
+    # -- operators and the world ------------------------------------------------------------------
+
+    async def _reload(self) -> str:
+        """The file written, and read again at once, as on SIGHUP (osas's own watcher may
+        have read it first)."""
+        write_config(self.tmp, self.data)
+        assert self.provider is not None
+        return await self.provider.app.reload_once(force=True)
+
+    @precondition(lambda self: self.ca is not None)
+    @rule(max_size=st.sampled_from([1, 3, MAX_SIZE]))
+    def reload_max_size(self, max_size: int) -> None:
+        """max_size lowered (unsent creates beyond it cancelled, nothing deleted) or raised."""
+        self.data["node_groups"][0]["max_size"] = max_size
+        assert self.loop.run(self._reload()) == "applied"
+        self.max_size = max_size
+        self.bound = max(self.bound, max_size)
+        self.want = min(self.want, max_size)  # CA sees the new max at its next Refresh
+
+    @precondition(lambda self: self.ca is not None)
+    @rule(flavor=st.sampled_from(FLAVORS))
+    def reload_flavor(self, flavor: str) -> None:
+        """The template follows at once (no complete listing needed)."""
+        self.data["node_groups"][0]["flavor"] = flavor
+        assert self.loop.run(self._reload()) == "applied"
+
+        async def template() -> bytes:
+            assert self.ca is not None
+            return bytes((await self.ca.template("big")).nodeBytes)
+
+        ok, node = self.loop.run(self._call(template()))
+        assert not ok or flavor.encode() in node
+
+    @precondition(lambda self: self.ca is not None)
+    @rule()
+    def reload_group_removed_and_added_back(self) -> None:
+        group = self.data["node_groups"].pop()
+        self.data["node_groups"].append({**group, "id": "spare"})
+        assert self.loop.run(self._reload()) == "applied"
+        self.data["node_groups"] = [group]
+        assert self.loop.run(self._reload()) == "applied"
+
+    @precondition(lambda self: self.ca is not None)
+    @rule()
+    def reload_an_invalid_file(self) -> None:
+        """Refused whole: the configuration in force stays."""
+        self.path.write_text("node_groups: [\n")
+        assert self.provider is not None
+        assert self.loop.run(self.provider.app.reload_once(force=True)) == "rejected"
+        assert self.loop.run(self._reload()) == "applied"
+
+    @rule()
+    def keystone_revokes_every_token(self) -> None:
+        self.sim.identity.revoke_all()
+
+    @precondition(lambda self: self.ca is not None)
+    @rule(data=st.data())
+    def server_deleted_by_hand(self, data: st.DataObject) -> None:
+        """Someone deletes a running server in Horizon: while Nova answers, it leaves CA's view
+        within one incremental sync."""
+        running = [s for s in owned(self.sim) if s.status == "ACTIVE"]
+        if not running:
+            return
+        server = data.draw(st.sampled_from(running))
+        self.sim.nova.delete_server(server.server_id)
+        self.by_hand.add(server.server_id)
+        faults = self.sim.nova.faults
+        if faults.error_rate or faults.latency or faults.repeated_pages or faults.skipped_servers:
+            return
+
+        async def freshness() -> None:
+            assert self.provider is not None
+            assert self.ca is not None
+            await asyncio.sleep(0.15)  # Nova's delete window: DELETED after 0.1 s
+            try:
+                await self.provider.app.reconciler.reconcile_once(full=False)
+            except CloudError:
+                return  # Nova did not answer this time: the next sync will do
+            instances = {i.id for i in await self.ca.nodes("big")}
+            assert f"openstack:///{server.server_id}" not in instances
+
+        self.loop.run(freshness())
+
+    @rule(count=st.integers(2, 3))
+    def earlier_life_servers_then_restart(self, count: int) -> None:
+        """Servers of one request id (a copied template, an older osas, Nova's multi-create),
+        found by a restart: kept and reported; they go only when CA scales them down."""
+        request_id = f"e{len(self.earlier_life):031x}"
+        for index in range(count):
+            server = self.sim.nova.seed(
+                name=f"{CLUSTER}-big-earlier-{request_id[:6]}-{index}",
+                metadata={META_CLUSTER: CLUSTER, META_GROUP: "big", META_REQUEST: request_id},
+                tags=[TAG, f"{TAG_REQUEST_PREFIX}{request_id}"],
+            )
+            self.earlier_life.add(server.server_id)
+        self.bound += count
+        self.loop.run(self._kill())
+        self.loop.run(self._start_despite_faults())
+
     # -- convergence and the invariants -----------------------------------------------------------
 
     @invariant()
     def target_never_passes_max_size(self) -> None:
+        """osas never takes the group past max_size: between convergences only what was
+        already there may stay above a lowered max_size (and an earlier life's servers)."""
         if self.ca is None:
             return
         ok, target = self.loop.run(self._call(self.ca.target_size("big")))
-        assert not ok or (isinstance(target, int) and target <= MAX_SIZE)
+        assert not ok or (isinstance(target, int) and target <= self.bound)
 
     @rule()
     def converge(self) -> None:
@@ -254,6 +393,7 @@ class FaultSchedule(RuleBasedStateMachine):
             await ca.refresh()
             instances = list(await ca.nodes("big"))
             failed = [i for i in instances if i.status.HasField("errorInfo")]
+            self.failure_codes.update(i.status.errorInfo.errorCode for i in failed)
             if failed:
                 await ca.delete("big", [(i.id, i.id) for i in failed])
             target = await ca.target_size("big")
@@ -261,9 +401,12 @@ class FaultSchedule(RuleBasedStateMachine):
             if target < self.want:
                 await ca.increase("big", self.want - target)
             elif target > self.want and len(running) > self.want:
-                # Servers CA did not ask for (adopted after a restart): scaled down.
+                # Servers CA did not ask for (adopted after a restart, above a lowered
+                # max_size): scaled down.
                 extra = running[: target - self.want]
-                await self._call(ca.delete("big", [(i.id, i.id) for i in extra]))
+                deleted, _ = await self._call(ca.delete("big", [(i.id, i.id) for i in extra]))
+                if deleted:
+                    self.ca_deleted.update(i.id for i in extra)
             settled = not list(ledger.creates()) and not ledger.deleting_ids()
             if settled and target == self.want == len(running) == sum(
                 live_requests(self.sim).values()
@@ -271,36 +414,56 @@ class FaultSchedule(RuleBasedStateMachine):
                 break
             await asyncio.sleep(0.1)
         await self.provider.sync(full=True)
-        self._check_invariants()
+        self._check_invariants({i.id for i in await ca.nodes("big")})
+        self.bound = self.max_size
 
     def _state(self) -> str:
         return f"want={self.want} nova={dict(live_requests(self.sim))}"
 
-    def _check_invariants(self) -> None:
+    def _check_invariants(self, nodes: set[str]) -> None:
         assert self.provider is not None
         requests = live_requests(self.sim)
-        # No kept duplicate; and in fact no create sent twice: nothing in this schedule resends
-        # a POST but osas itself, so no request ever made two servers, even short-lived ones.
-        assert max(requests.values(), default=0) <= 1, requests
+        earlier = {
+            s.metadata[META_REQUEST]
+            for s in self.sim.nova.all_servers()
+            if s.server_id in self.earlier_life
+        }
+        # No kept duplicate; and in fact no create made twice: nothing in this schedule resends
+        # a POST but osas itself (and only after a 401, when Nova did nothing), so no request
+        # osas sent ever made two servers, even short-lived ones.
+        duplicates = {r: n for r, n in requests.items() if n > 1 and r not in earlier}
+        assert not duplicates, requests
         made = Counter(
             s.metadata[META_REQUEST]
             for s in self.sim.nova.all_servers()
-            if s.metadata.get(META_CLUSTER) == CLUSTER and META_REQUEST in s.metadata
+            if s.metadata.get(META_CLUSTER) == CLUSTER
+            and META_REQUEST in s.metadata
+            and s.server_id not in self.earlier_life
         )
         assert max(made.values(), default=0) <= 1, made
         # Never above max_size.
         ledger = self.provider.app.inventory.ledger
         pending = sum(1 for _ in ledger.creates_of("big"))
-        assert sum(requests.values()) + pending <= MAX_SIZE
-        assert ledger.target_size("big") <= MAX_SIZE
+        assert sum(requests.values()) + pending <= self.max_size
+        assert ledger.target_size("big") <= self.max_size
+        # An earlier life's servers go only when CA asks.
+        gone = {
+            s.server_id
+            for s in self.sim.nova.all_servers()
+            if s.server_id in self.earlier_life and s.deleting_since is not None
+        }
+        assert {f"openstack:///{i}" for i in gone - self.by_hand} <= self.ca_deleted
+        # Refused tokens cost an authentication, never a failed create.
+        assert "CredentialsRefused" not in self.failure_codes
         # No foreign server touched.
         for server_id, metadata in self.foreign.items():
             server = self.sim.nova.find_server(server_id)
             assert server is not None
             assert server.deleting_since is None
             assert server.metadata == metadata
-        # Target and servers agree.
+        # Target and servers agree, and CA's view is Nova's.
         assert ledger.target_size("big") == sum(requests.values()) == self.want
+        assert nodes == {f"openstack:///{s.server_id}" for s in owned(self.sim)}
 
     def teardown(self) -> None:
         try:
@@ -315,8 +478,8 @@ class FaultSchedule(RuleBasedStateMachine):
 
 TestFaultSchedules = FaultSchedule.TestCase
 TestFaultSchedules.settings = settings(
-    max_examples=12,
-    stateful_step_count=12,
+    max_examples=20,
+    stateful_step_count=15,
     deadline=None,
     suppress_health_check=list(HealthCheck),
     derandomize=True,

@@ -8,7 +8,8 @@ convergence (the faults stop, deletes are carried out, a complete listing is set
 - at most one server per create request this process sent is kept; several servers of one
   request an earlier life sent are kept and reported, never deleted;
 - the servers of the group plus the creates in hand never exceed max_size;
-- the target never exceeds max_size, at any step;
+- the target never exceeds max_size, at any step (after a reload lowered it, only what was
+  already there may stay above it until CA scales down; nothing is added, nothing deleted);
 - only servers the ledger was shown are ever deleted.
 """
 
@@ -46,19 +47,24 @@ from osas.domain.specs import ClusterSpec, NodeGroupSpec
 MAX_SIZE = 4
 WINDOW = 10.0
 SETTINGS = LedgerSettings(doubt_window=WINDOW, delete_retry_after=5.0)
-CLUSTER = ClusterSpec(
-    "prod",
-    (
-        NodeGroupSpec(
-            group_id="workers",
-            min_size=0,
-            max_size=MAX_SIZE,
-            flavor="m1.small",
-            image="img",
-            networks=("net",),
+
+
+def cluster(max_size: int) -> ClusterSpec:
+    return ClusterSpec(
+        "prod",
+        (
+            NodeGroupSpec(
+                group_id="workers",
+                min_size=0,
+                max_size=max_size,
+                flavor="m1.small",
+                image="img",
+                networks=("net",),
+            ),
         ),
-    ),
-)
+    )
+
+
 IDS = ProviderIdFormat()
 QUOTA = ErrorInfo("QuotaExceeded", "Quota exceeded for instances", ErrorClass.OUT_OF_RESOURCES)
 DOWN = ErrorInfo("CreateNotSent", "connection refused", ErrorClass.OTHER)
@@ -80,10 +86,11 @@ class LedgerMachine(RuleBasedStateMachine):
         self.deletes: list[DeleteOrder] = []  # orders the workers have not carried out yet
         self.queued: list[str] = []  # request ids in the task queue
         self.want = 0  # the size CA is after
+        self.max_size = MAX_SIZE  # in the configuration in force
         self._boot()
 
     def _boot(self) -> None:
-        self.inventory = Inventory(CLUSTER, SETTINGS)
+        self.inventory = Inventory(cluster(self.max_size), SETTINGS)
         self.ledger = self.inventory.ledger
         self.queued = []
         self.deletes = []
@@ -94,7 +101,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self._list(full=True)
         # A kill can lose an accepted delete (memory only): the next process adopts the server,
         # even above max_size, and leaves it to CA's scale-down. It never adds to that.
-        self.bound = max(MAX_SIZE, self.ledger.target_size("workers"))
+        self.bound = max(self.max_size, self.ledger.target_size("workers"))
 
     # -- the model of Nova ------------------------------------------------------------------------
 
@@ -147,7 +154,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def _increase(self, delta: int) -> bool:
         try:
-            count = plan_increase(CLUSTER, self.inventory, "workers", delta)
+            count = plan_increase(self.ledger.cluster, self.inventory, "workers", delta)
         except OsasError:
             return False
         self.queued.extend(self.ledger.accept_creates("workers", count, self.now))
@@ -163,7 +170,9 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def _accept_delete(self, instance_ids: list[str]) -> bool:
         try:
-            plan = plan_delete(CLUSTER, self.inventory, "workers", [(i, i) for i in instance_ids])
+            plan = plan_delete(
+                self.ledger.cluster, self.inventory, "workers", [(i, i) for i in instance_ids]
+            )
         except OsasError:
             return False
         self._follow(self.ledger.accept_delete(plan, self.now))
@@ -180,7 +189,10 @@ class LedgerMachine(RuleBasedStateMachine):
         )
         try:
             plan = plan_delete(
-                CLUSTER, self.inventory, "workers", [(i.instance_id, i.instance_id) for i in chosen]
+                self.ledger.cluster,
+                self.inventory,
+                "workers",
+                [(i.instance_id, i.instance_id) for i in chosen],
             )
         except OsasError:
             return
@@ -196,12 +208,29 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(delta=st.integers(-2, -1))
     def decrease(self, delta: int) -> None:
         try:
-            plan = plan_decrease(CLUSTER, self.inventory, "workers", delta)
+            plan = plan_decrease(self.ledger.cluster, self.inventory, "workers", delta)
         except OsasError:
             return
         self.ledger.accept_decrease(plan, self.now)
         self.given_up.update((*plan.failures, *plan.cancels))
         self.want = max(0, self.want + delta)
+
+    @rule(max_size=st.integers(1, MAX_SIZE))
+    def reload(self, max_size: int) -> None:
+        """An operator changes max_size: creates not sent beyond it are cancelled (reported
+        failed), those in flight finish, no server is deleted."""
+        deletes = len(self.deletes)
+        steps = self.ledger.use_cluster(cluster(max_size), self.now)
+        self._follow(steps)
+        assert len(self.deletes) == deletes  # a reload deletes nothing
+        cancelled = [e.request_id for e in steps.events if e.kind is EventKind.CREATE_CANCELLED]
+        self.queued = [r for r in self.queued if r not in cancelled]
+        self.max_size = max_size
+        self.bound = max(self.bound, max_size)
+        self.want = min(self.want, max_size)
+        failed, queued = self.ledger.cancellable("workers")
+        target = self.ledger.target_size("workers")
+        assert not queued or target - len(failed) <= max_size  # nothing queued beyond it
 
     # -- workers ----------------------------------------------------------------------------------
 
@@ -375,7 +404,7 @@ class LedgerMachine(RuleBasedStateMachine):
         assert not shared & self.sent, per_request  # this process's: one server each
         assert shared <= self.reported_shared, per_request  # an earlier life's: reported
         pending = sum(1 for _ in self.ledger.creates_of("workers"))
-        assert len(live) + pending <= MAX_SIZE, (len(live), pending)
+        assert len(live) + pending <= self.max_size, (len(live), pending)
         assert not self.deletes
         kept_given_up = [s for s in live if s.request_id in self.given_up]
         assert not kept_given_up, kept_given_up
