@@ -1,11 +1,14 @@
 """The benchmark's OpenStack: the simulator in a process of its own, seeded with the cluster's
 servers, logging every request with the bytes of its answer.
 
-``python -m osas.bench.cloud --servers N --groups G --cluster NAME`` prints one JSON line
-(``auth_url``) once it serves, and stops when its standard input closes. Besides the
+``python -m osas.bench.cloud --servers N --groups G --cluster NAME --others M`` prints one
+JSON line (``auth_url``) once it serves, and stops when its standard input closes. ``--others``
+adds M servers of another cluster to the project (what else a project holds). Besides the
 simulator's own API it answers ``GET /_bench/log?since=I`` (requests from index I: start and
 end time, method, target, status, bytes), ``GET /_bench/creates`` (the most creates it had in
-hand at once) and ``GET /_bench/count?group=G`` (live servers of a group).
+hand at once), ``GET /_bench/count?group=G`` (live servers of a group) and
+``GET /_bench/churn?per_minute=K`` (from now on, K of the other servers change each minute:
+a metadata key set, which Nova's ``changes-since`` sees; 0 stops it).
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ class MeteredOpenStack(SimulatedOpenStack):
         self._log_lock = threading.Lock()
         self._creating = 0
         self._creates_peak = 0
+        self.others: list[str] = []  # servers of another cluster in the project
+        self._churn = 0.0  # other servers changed per minute
+        self._churner: threading.Thread | None = None
 
     def dispatch(
         self, method: str, target: str, headers: Mapping[str, str], body: bytes
@@ -75,13 +81,36 @@ class MeteredOpenStack(SimulatedOpenStack):
             group = query.get("group", [""])[0]
             count = sum(1 for s in self.nova.live_servers() if s.metadata.get(META_GROUP) == group)
             return Response.json(200, {"count": count})
+        if split.path == "/_bench/churn":
+            self._churn = float(query.get("per_minute", ["0"])[0])
+            if self._churn and self._churner is None:
+                self._churner = threading.Thread(target=self._touch, daemon=True, name="churn")
+                self._churner.start()
+            return Response.json(200, {"per_minute": self._churn})
         return Response.json(404, {"error": "not served"})
 
+    def _touch(self) -> None:
+        """Other servers changing, evenly over each minute, in turn."""
+        index = 0
+        while self.others:
+            if not self._churn:
+                time.sleep(0.1)
+                continue
+            server_id = self.others[index % len(self.others)]
+            index += 1
+            self.nova.set_metadata(server_id, {"touched": str(index)})
+            time.sleep(60.0 / self._churn)
 
-def seed(nova: FakeNova, cluster: str, servers: int, groups: int) -> None:
-    """Servers an earlier osas made an hour ago, spread over the groups: an idle cluster."""
+
+def seed(nova: FakeNova, cluster: str, servers: int, groups: int, others: int) -> list[str]:
+    """Servers an earlier osas made an hour ago, spread over the groups, and ``others`` of
+    another cluster made then too: an idle project. The others' ids."""
     marks = OwnershipMarks(cluster)
     nova.clock = lambda: datetime.now(UTC) - timedelta(hours=1)
+    other_ids = [
+        nova.seed(name=f"other-{index}", metadata={META_CLUSTER: "other"}).server_id
+        for index in range(others)
+    ]
     for index in range(servers):
         group = f"g{index % groups}"
         request_id = uuid.uuid4().hex
@@ -91,6 +120,7 @@ def seed(nova: FakeNova, cluster: str, servers: int, groups: int) -> None:
             tags=marks.tags(request_id),
         )
     nova.clock = lambda: datetime.now(UTC)
+    return other_ids
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,10 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--servers", type=int, default=0)
     parser.add_argument("--groups", type=int, default=1)
     parser.add_argument("--cluster", default="bench")
+    parser.add_argument("--others", type=int, default=0)
     args = parser.parse_args(argv)
     nova = FakeNova()
-    seed(nova, args.cluster, args.servers, max(1, args.groups))
+    others = seed(nova, args.cluster, args.servers, max(1, args.groups), args.others)
     simulator = MeteredOpenStack(nova)
+    simulator.others = others
     with simulator:
         info: dict[str, Any] = {"auth_url": simulator.auth_url, "base_url": simulator.base_url}
         sys.stdout.write(json.dumps(info) + "\n")

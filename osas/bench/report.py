@@ -18,6 +18,9 @@ TARGETS = (
     ("resync_worst", 50_000),
     ("resync_p99", 50_000),
     ("nova_bytes", 50_000),
+    ("nova_bytes_churn", 50_000),
+    ("healthz_loaded", 10_000),
+    ("target_p99_loaded", 10_000),
     ("rss", 50_000),
     ("start", 50_000),
 )
@@ -34,7 +37,7 @@ def _number(value: float, unit: str) -> str:
         return "—"
     if unit == "x":
         return f"{value:.2f}x"
-    if unit in {"ms", "s", "MiB", "MB"}:
+    if unit in {"ms", "s", "MiB", "MB", "kB"}:
         digits = 0 if value >= 100 else 1 if value >= 10 else 2  # noqa: PLR2004
         return f"{value:.{digits}f} {unit}"
     return f"{value:.1f}"
@@ -83,6 +86,14 @@ size the table names (at every size when it names none).
   machine's share of the tail.
 - **Nova traffic**: requests and bytes the simulator served in the resync phase, turned into a
   minute at the default intervals (an incremental sync every 10 s, a complete one every 10 min).
+  The project also holds as many servers of another cluster; incremental syncs list what changed
+  in the whole project (untagged `changes-since`, so that a server deleted by hand shows), so
+  the same is measured again for {churn_seconds:.0f} s against an osas at its defaults while 1%
+  of those other servers change every minute.
+- **The metrics port under load**: {load_calls} NodeGroupTargetSize calls with the metrics port
+  quiet, then again with 200 idle connections, 64 clients that sent half a request line, and 50
+  clients polling `/status` and `/metrics` as fast as they are answered; 40 `/healthz` probes
+  under the same load.
 - **Memory**: osas's RSS from /proc after the resync phase (several complete resyncs).
 - **Start**: from spawning `osas serve` to health SERVING, the first complete listing included.
   The simulator serving that listing (50 pages of detail at 50k) is timed alone, with a client

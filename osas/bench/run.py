@@ -70,10 +70,19 @@ class Plan:
     resync_seconds: float  # CA loop replay with a complete listing every 20 s
     loop_nodes: int  # nodes per replayed CA loop
     create_rounds: int
+    churn_seconds: float  # osas at its defaults while 1% of the project's other servers change
+    load_calls: int  # TargetSize calls timed with and without load on the metrics port
 
 
-FULL = Plan((1_000, 10_000, 50_000), 5, 2_000, 300, 20, 12.0, 65.0, 500, 3)
-QUICK = Plan((1_000, 5_000), 2, 500, 100, 10, 11.0, 25.0, 200, 2)
+FULL = Plan((1_000, 10_000, 50_000), 5, 2_000, 300, 20, 12.0, 65.0, 500, 3, 45.0, 500)
+QUICK = Plan((1_000, 5_000), 2, 500, 100, 10, 11.0, 25.0, 200, 2, 25.0, 200)
+# What else the project holds besides the cluster's servers: as many servers of another
+# cluster, 1% of which change every minute in the churn phase.
+OTHERS_PER_SERVER = 1
+CHURN_SHARE = 0.01
+# The load on the metrics port: idle connections, clients that send half a request line and
+# stop, and clients polling /status and /metrics as fast as they are answered.
+IDLE_CONNECTIONS, SLOW_CONNECTIONS, POLLERS = 200, 64, 50
 
 
 @dataclass(frozen=True)
@@ -138,8 +147,28 @@ KINDS = {
         judged_at=LARGE,
     ),
     "nova_requests": Kind("Nova requests per minute, the same", ""),
+    "nova_bytes_churn": Kind(
+        "Nova bytes per minute, 1% of the project's other servers changing per minute",
+        "MB",
+    ),
+    "nova_requests_churn": Kind("Nova requests per minute, the same", ""),
+    "nova_incremental_bytes_churn": Kind("bytes of one incremental sync, the same", "kB"),
+    "healthz_loaded": Kind(
+        "worst /healthz under load on the metrics port",
+        "ms",
+        "<= 1000 ms",
+        threshold=1000.0,
+    ),
+    "target_p99_loaded": Kind(
+        "NodeGroupTargetSize p99 under load on the metrics port",
+        "ms",
+        "<= 50 ms at 10k",
+        threshold=50.0,
+        judged_at=10_000,
+    ),
+    "target_p99_quiet": Kind("NodeGroupTargetSize p99, the metrics port quiet", "ms"),
     "nova_resync_bytes": Kind("bytes of one complete resync", "MB"),
-    "nova_incremental_bytes": Kind("bytes of one incremental sync", "MB"),
+    "nova_incremental_bytes": Kind("bytes of one incremental sync", "kB"),
     "rss": Kind(
         "RSS after repeated complete resyncs",
         "MiB",
@@ -268,10 +297,12 @@ class Setup:
     groups: list[str]
 
 
-def osas_config(setup: Setup, *, resync: str | None = None) -> tuple[Path, int, int]:
-    """A configuration at osas's defaults but for the node groups (and the resync interval
-    when asked); the file, its gRPC port and its health port."""
-    port, health = free_port(), free_port()
+def osas_config(
+    setup: Setup, *, resync: str | None = None, metrics: bool = False
+) -> tuple[Path, int, int, int]:
+    """A configuration at osas's defaults but for the node groups (and the resync interval,
+    and a metrics port, when asked); the file, its gRPC, health and metrics ports (0: none)."""
+    port, health, metrics_port = free_port(), free_port(), free_port() if metrics else 0
     auth = {
         "auth_url": setup.sim["auth_url"],
         "username": DEFAULT_USER,
@@ -291,9 +322,11 @@ def osas_config(setup: Setup, *, resync: str | None = None) -> tuple[Path, int, 
         "reconcile": {"full_resync_interval": resync} if resync else {},
         "node_groups": [{"id": name, **group} for name in setup.groups],
     }
+    if metrics_port:
+        data["metrics_listen"] = f"127.0.0.1:{metrics_port}"
     path = setup.folder / f"osas-{port}.yaml"
     path.write_text(yaml.safe_dump(data))
-    return path, port, health
+    return path, port, health, metrics_port
 
 
 @dataclass
@@ -302,6 +335,7 @@ class Osas:
     port: int
     log: Path
     started: float  # seconds from spawn to SERVING
+    metrics: int = 0  # the metrics port, 0 when there is none
 
     def events(self, name: str) -> list[dict[str, Any]]:
         found = []
@@ -321,8 +355,10 @@ class Osas:
             self.process.wait()
 
 
-async def start_osas(setup: Setup, name: str, *, resync: str | None = None) -> Osas:
-    config, port, health = osas_config(setup, resync=resync)
+async def start_osas(
+    setup: Setup, name: str, *, resync: str | None = None, metrics: bool = False
+) -> Osas:
+    config, port, health, metrics_port = osas_config(setup, resync=resync, metrics=metrics)
     log = setup.folder / f"{name}.log"
     spawned = time.perf_counter()
     with log.open("wb") as stream:
@@ -346,7 +382,7 @@ async def start_osas(setup: Setup, name: str, *, resync: str | None = None) -> O
             await asyncio.sleep(0.005)
     finally:
         await channel.close(None)
-    return Osas(process, port, log, time.perf_counter() - spawned)
+    return Osas(process, port, log, time.perf_counter() - spawned, metrics_port)
 
 
 # -- the client ---------------------------------------------------------------------------------
@@ -550,7 +586,16 @@ async def measure_size(plan: Plan, servers: int, tls: Tls, folder: Path) -> Size
     groups = [f"g{i}" for i in range(max(1, -(-servers // GROUP_SIZE)))]
     result = SizeResult(servers, len(groups))
     print(f"== {servers:,} servers in {len(groups)} group(s)", flush=True)  # noqa: T201
-    with kit("osas.bench.cloud", "--servers", str(servers), "--groups", str(len(groups))) as sim:
+    others = str(servers * OTHERS_PER_SERVER)
+    with kit(
+        "osas.bench.cloud",
+        "--servers",
+        str(servers),
+        "--groups",
+        str(len(groups)),
+        "--others",
+        others,
+    ) as sim:
         setup = Setup(folder, tls, sim, groups)
         simulator = simulator_listing_seconds(sim)
         osas = await start_osas(setup, f"osas-{servers}-answers")
@@ -571,6 +616,8 @@ async def measure_size(plan: Plan, servers: int, tls: Tls, folder: Path) -> Size
                 for round_index in range(plan.rounds):
                     await one_round(plan, result, setup, bare, round_index, simulator)
                 await resync_phase(plan, result, setup, bare)
+                await churn_phase(plan, result, setup)
+                await metrics_load_phase(plan, result, setup)
             finally:
                 await bare.close()
     return result
@@ -750,7 +797,76 @@ def traffic(
     )
     result.add("nova_requests", incrementals + (len(other) / resyncs + 1) * resyncs_per_minute)
     result.add("nova_resync_bytes", per_resync / 1e6)
-    result.add("nova_incremental_bytes", per_incremental / 1e6)
+    result.add("nova_incremental_bytes", per_incremental / 1e3)
+
+
+async def churn_phase(plan: Plan, result: SizeResult, setup: Setup) -> None:
+    """Nova's traffic from osas at its defaults while 1% of the project's other servers change
+    each minute: incremental syncs list what changed in the project (untagged changes-since,
+    so that deletions show), so their cost follows the project's churn, not its size."""
+    osas = await start_osas(setup, f"osas-{result.servers}-churn")
+    since = sim_get(setup.sim, "/_bench/log?since=0")["next"]
+    others = result.servers * OTHERS_PER_SERVER
+    try:
+        sim_get(setup.sim, f"/_bench/churn?per_minute={others * CHURN_SHARE}")
+        began = time.time()
+        await asyncio.sleep(plan.churn_seconds)
+        ended = time.time()
+    finally:
+        sim_get(setup.sim, "/_bench/churn?per_minute=0")
+        osas.stop()
+    entries = list(sim_get(setup.sim, f"/_bench/log?since={since}")["entries"])
+    pages = [
+        e for e in entries if began <= e[0] <= ended and e[2] == "GET" and "changes-since" in e[3]
+    ]
+    listings = sum(1 for e in pages if "marker=" not in e[3])
+    if not listings:
+        return
+    defaults = EngineSettings()
+    per_minute = 60.0 / defaults.reconcile_interval
+    resync_share = defaults.reconcile_interval / defaults.full_resync_interval
+    resync = result.figures.get("nova_resync_bytes")
+    resync_mb = resync.median if resync is not None else 0.0
+    per_listing = sum(e[5] for e in pages) / listings / 1e6
+    note = f"{others * CHURN_SHARE:.0f} of {others:,} other servers a minute"
+    result.add("nova_incremental_bytes_churn", per_listing * 1000, note)
+    result.add("nova_bytes_churn", per_minute * (per_listing + resync_mb * resync_share), note)
+    # The complete resyncs' requests are the idle figure's, less its incremental listings.
+    idle = result.figures.get("nova_requests")
+    resync_requests = (idle.median - per_minute) if idle is not None else 0.0
+    result.add("nova_requests_churn", per_minute * len(pages) / listings + resync_requests, note)
+
+
+async def metrics_load_phase(plan: Plan, result: SizeResult, setup: Setup) -> None:
+    """/healthz and CA's hottest call while the metrics port is loaded (``osas.bench.load``, a
+    process of its own): idle connections, clients that send half a request line and stop,
+    and clients polling /status and /metrics as fast as they are answered. The same calls with
+    the port quiet first."""
+    osas = await start_osas(setup, f"osas-{result.servers}-metrics", metrics=True)
+    client = Client(osas.port, setup.tls)
+    calls = [target_size(setup.groups[0])] * plan.load_calls
+
+    def healthz() -> float:
+        started = time.perf_counter()
+        answer = requests.get(f"http://127.0.0.1:{osas.metrics}/healthz", timeout=10)
+        answer.raise_for_status()
+        return (time.perf_counter() - started) * 1000
+
+    try:
+        quiet = [t.seconds * 1000 for t in await client.timed(calls)]
+        load = ["--port", str(osas.metrics), "--idle", str(IDLE_CONNECTIONS)]
+        load += ["--slow", str(SLOW_CONNECTIONS), "--pollers", str(POLLERS)]
+        with kit("osas.bench.load", *load):
+            await asyncio.sleep(1.0)
+            loaded = [t.seconds * 1000 for t in await client.timed(calls)]
+            probes = [await asyncio.to_thread(healthz) for _ in range(40)]
+    finally:
+        await client.close()
+        osas.stop()
+    note = f"{IDLE_CONNECTIONS} idle, {SLOW_CONNECTIONS} slow, {POLLERS} polling"
+    result.add("target_p99_quiet", percentile(quiet, 0.99))
+    result.add("target_p99_loaded", percentile(loaded, 0.99), note)
+    result.add("healthz_loaded", max(probes), note)
 
 
 async def measure_creates(plan: Plan, tls: Tls, folder: Path) -> Figure:
