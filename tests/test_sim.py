@@ -190,6 +190,41 @@ def test_every_api_call_needs_a_token(sim):
         assert body["error"]["title"] == "Unauthorized"
 
 
+def test_a_revocation_refuses_tokens_issued_within_its_second_as_keystone_does(sim):
+    """Keystone compares issue times in whole seconds: after a revocation, a token issued in
+    the same second is refused too; one issued in a later second is good."""
+
+    def issue() -> str:
+        body = {
+            "auth": {
+                "identity": {
+                    "methods": ["application_credential"],
+                    "application_credential": {
+                        "id": APP_CREDENTIAL_ID,
+                        "secret": APP_CREDENTIAL_SECRET,
+                    },
+                }
+            }
+        }
+        request = urllib.request.Request(  # noqa: S310 - http://127.0.0.1 only
+            f"{sim.base_url}/identity/v3/auth/tokens", data=json.dumps(body).encode()
+        )
+        request.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+            assert response.status == 201
+            return str(response.headers["X-Subject-Token"])
+
+    old = issue()
+    # Revoke early in a second, so that the next token is issued within it.
+    time.sleep(1.0 - datetime.now(UTC).microsecond / 1e6 + 0.05)
+    sim.identity.revoke_all()
+    same_second = issue()
+    assert sim.identity.token(old) is None
+    assert sim.identity.token(same_second) is None
+    time.sleep(1.0 - datetime.now(UTC).microsecond / 1e6 + 0.05)
+    assert sim.identity.token(issue()) is not None
+
+
 # -- Nova microversions -----------------------------------------------------------------------
 
 

@@ -144,6 +144,12 @@ def _unauthorized(exc: BaseException) -> bool:
     )
 
 
+# Renewals of a refused token before the credentials are taken for refused, and how far
+# apart: Keystone compares issue times in whole seconds (``_authenticated``).
+_RENEWALS = 2
+_KEYSTONE_RESOLUTION = 1.1  # seconds
+
+
 def _keep_token() -> bool:
     """What keystoneauth's session is told when it wants to invalidate the token after a 401:
     no, the adapter renews it itself."""
@@ -332,6 +338,7 @@ class OpenStackCloud:
         # Token renewals after a 401, shared by every thread (see ``_authenticated``).
         self._auth_lock = threading.Lock()
         self._auth_epoch = 0
+        self._renewed_at = -_KEYSTONE_RESOLUTION
         self._invalidate_token: Callable[[], bool] | None = None
 
     # -- plumbing ---------------------------------------------------------------------------------
@@ -437,24 +444,39 @@ class OpenStackCloud:
         conn: openstack.connection.Connection,
         operation: Callable[[openstack.connection.Connection], T],
     ) -> T:
-        """The operation; after a 401, once more with a new token. The new token is got once
-        for every thread refused with the old one (an expired or revoked token costs one
+        """The operation; after a 401, again with a new token. The new token is got once for
+        every thread refused with the old one (an expired or revoked token costs one
         authentication), and a request answered 401 did nothing, so even a create may be sent
-        with the new token. A second 401 means the credentials themselves are refused."""
-        epoch = self._auth_epoch
-        try:
-            return operation(conn)
-        except Exception as exc:
-            if not _unauthorized(exc):
-                raise
+        with the new token. Keystone keeps a token's issue time in whole seconds and refuses
+        tokens issued within the second of a revocation too, so a new token refused is
+        renewed once more, a second after it was issued; refused again, the credentials
+        themselves are refused."""
+        for renewal in range(_RENEWALS + 1):
+            epoch = self._auth_epoch
+            try:
+                return operation(conn)
+            except Exception as exc:
+                if not _unauthorized(exc) or renewal == _RENEWALS:
+                    raise
+            self._renew(conn, epoch)
+        raise AssertionError("unreachable: the last renewal's failure is raised")
+
+    def _renew(self, conn: openstack.connection.Connection, epoch: int) -> None:
+        """A new token for every thread refused with the one of ``epoch``, got once."""
         with self._auth_lock:
-            if self._auth_epoch == epoch:  # nobody renewed it since this call began
-                if self._invalidate_token is not None:
-                    self._invalidate_token()
-                conn.session.get_auth_headers()  # authenticate now, under the lock
-                self._auth_epoch += 1
-                logger.info("OpenStack refused the token; authenticated again")
-        return operation(conn)
+            if self._auth_epoch != epoch:  # renewed since that call began
+                return
+            # Not within the second of the previous renewal: that token was refused, and one
+            # of the same second would be too.
+            wait = self._renewed_at + _KEYSTONE_RESOLUTION - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            if self._invalidate_token is not None:
+                self._invalidate_token()
+            conn.session.get_auth_headers()  # authenticate now, under the lock
+            self._renewed_at = time.monotonic()
+            self._auth_epoch += 1
+            logger.info("OpenStack refused the token; authenticated again")
 
     async def _once(
         self,

@@ -113,6 +113,10 @@ class Identity:
         self.refuse_after: timedelta | None = None
         # Every password and application credential refused (changed, deleted, expired).
         self.refuse_credentials = False
+        # The last revocation of every token. Keystone compares a token's issue time, which a
+        # fernet token holds in whole seconds, with the revocation's: a token issued later
+        # within the same second is refused too.
+        self._revoked_at: datetime | None = None
 
     # -- registry ---------------------------------------------------------------------------------
 
@@ -137,13 +141,19 @@ class Identity:
             return None
         if self.refuse_after is not None and now - token.issued_at >= self.refuse_after:
             return None
+        if self._revoked_at is not None and token.issued_at.replace(microsecond=0) <= (
+            self._revoked_at
+        ):
+            return None
         return token
 
     def revoke_all(self) -> int:
         """Keystone revokes every token issued so far (a password changed, an application
-        credential rotated): each is refused from now on. How many there were."""
+        credential rotated): each is refused from now on, and so is any token issued later
+        within the same second, as Keystone does. How many there were."""
         revoked = len(self._tokens)
         self._tokens.clear()
+        self._revoked_at = datetime.now(UTC)
         return revoked
 
     # -- routes -----------------------------------------------------------------------------------
