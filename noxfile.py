@@ -18,8 +18,8 @@ nox.options.error_on_missing_interpreters = True
 
 # Pinned with the committed stubs: a different protoc writes different bytes.
 PROTO_TOOLS = ("grpcio-tools==1.85.1", "mypy-protobuf==5.1.0")
-# The real-Nova lane: nova 34.0.0 and everything its functional-test fixtures need, pinned
-# whole, so that a version bump is a deliberate change (docs/testing.md).
+# The real-Nova lane: nova 34.0.0 and everything its functional-test fixtures need, and
+# keystone 30.0.0, pinned whole, so that a version bump is a deliberate change (docs/testing.md).
 REALNOVA_REQUIREMENTS = "tests/realnova/requirements.txt"
 # The chart lane: helm-python-sdk (Helm 4, offline) and kubernetes-validate, pinned whole.
 CHART_REQUIREMENTS = "requirements/chart.txt"
@@ -44,7 +44,7 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def nova(session: nox.Session) -> None:
-    """The scenario suite and smoke tests against real Nova on 127.0.0.1 (its own venv)."""
+    """Scenarios and smoke tests against real Nova and Keystone on 127.0.0.1 (its own venv)."""
     # One pip call: a pin that osas's own requirements contradict fails here rather than
     # being upgraded quietly.
     session.install("-r", REALNOVA_REQUIREMENTS, "-e", ".[test]")

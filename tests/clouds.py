@@ -4,8 +4,9 @@ real Nova from the pinned ``nova`` wheel's functional fixtures (``nox -s nova``)
 osas reaches both exactly as it reaches a production cloud — a clouds.yaml entry, Keystone,
 the service catalog, version discovery — and the scenarios look at both through the same
 openstacksdk calls an operator would make. Only what cannot be done through the project's own
-API is done per cloud: quotas (an admin call in Nova, the control API in the simulator) and
-making Nova run out of hosts.
+API is done per cloud: quotas (an admin call in Nova, the control API in the simulator),
+making Nova run out of hosts, revoking tokens (Keystone's admin API beside real Nova) and the
+lifetime of new tokens (Keystone's ``[token] expiration``, Keystone restarted).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -48,6 +50,13 @@ class ScenarioCloud(Protocol):
     @contextmanager
     def no_valid_host(self) -> Iterator[str]:
         """A flavor whose creates end in ERROR "No valid host was found"."""
+
+    def revoke_tokens(self) -> None:
+        """Keystone revokes every token issued so far to osas's user: each is refused from
+        now on, while the credentials keep working."""
+
+    def set_token_lifetime(self, seconds: int | None) -> None:
+        """How long tokens Keystone issues from now on live; None: as it was."""
 
 
 def settings_for(cloud: ScenarioCloud, **overrides: Any) -> OpenStackSettings:
@@ -106,6 +115,7 @@ class SimCloud:
         nova = FakeNova(build_seconds=SIM_BUILD_SECONDS, delete_seconds=SIM_DELETE_SECONDS)
         self.sim = SimulatedOpenStack(nova, max_limit=PAGE)
         self.clouds_yaml = workdir / "clouds.yaml"
+        self._default_token_lifetime = self.sim.identity.token_lifetime
 
     def start(self) -> None:
         self.sim.start()
@@ -125,9 +135,18 @@ class SimCloud:
         finally:
             self.sim.nova.faults.no_valid_host = 0
 
+    def revoke_tokens(self) -> None:
+        self.sim.identity.revoke_all()
+
+    def set_token_lifetime(self, seconds: int | None) -> None:
+        identity = self.sim.identity
+        identity.token_lifetime = (
+            self._default_token_lifetime if seconds is None else timedelta(seconds=seconds)
+        )
+
 
 class NovaCloud:
-    """Real Nova in a child process (tests/realnova/cloud.py)."""
+    """Real Nova in a child process, real Keystone in another (tests/realnova/cloud.py)."""
 
     kind = "nova"
     flavor = "m1.small"
@@ -157,6 +176,14 @@ class NovaCloud:
     def no_valid_host(self) -> Iterator[str]:
         # It asks Placement for a VGPU that no fake compute host has.
         yield "g1.xlarge"
+
+    def revoke_tokens(self) -> None:
+        # Through Keystone's admin API: the user's password set again to what it is.
+        self.nova.revoke_tokens()
+
+    def set_token_lifetime(self, seconds: int | None) -> None:
+        # Keystone restarted with another [token] expiration (some 2 s; a no-op if the same).
+        self.nova.set_token_lifetime(seconds)
 
 
 @contextmanager

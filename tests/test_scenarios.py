@@ -17,13 +17,15 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+import structlog
 from clouds import (
     NOVA_AVAILABLE,
     ScenarioCloud,
@@ -74,7 +76,15 @@ def clean(cloud: ScenarioCloud) -> Iterator[ScenarioCloud]:
         delete_everything(connect(cloud))
 
 
-def scenario_config(cloud: ScenarioCloud, tmp_path: Path, **group: Any) -> OsasConfig:
+def scenario_config(
+    cloud: ScenarioCloud,
+    tmp_path: Path,
+    *,
+    reconcile: Mapping[str, str] | None = None,
+    **group: Any,
+) -> OsasConfig:
+    """osas's configuration for one scenario: a cluster name of its own, one group
+    ``workers`` (``group`` overrides its keys), quick syncs (``reconcile`` overrides those)."""
     cluster = f"scn{next(_names)}-{uuid.uuid4().hex[:6]}"
     spec = {
         "id": "workers",
@@ -98,6 +108,7 @@ def scenario_config(cloud: ScenarioCloud, tmp_path: Path, **group: Any) -> OsasC
             "retry_backoff": "0.05s",
             "delete_retry_after": "5s",
             "create_doubt_window": "20s",
+            **(reconcile or {}),
         },
     )
     return load_config(write_config(tmp_path, data))
@@ -138,6 +149,11 @@ async def until(check, timeout: float, what: str) -> None:
             msg = f"timed out waiting for {what}"
             raise AssertionError(msg)
         await asyncio.sleep(0.2)
+
+
+def error_codes(instances) -> list[str]:
+    """The error codes CA would see: one for each instance reported with error info."""
+    return [i.status.errorInfo.errorCode for i in instances if i.status.HasField("errorInfo")]
 
 
 async def ca_cleans_up(ca: CaClient, group: str = "workers") -> None:
@@ -380,6 +396,152 @@ async def test_a_server_deleted_behind_osas_back(clean, tmp_path):
         await provider.sync(full=True)
         assert await ca.target_size("workers") == 1
         assert f"openstack:///{victim}" not in [i.id for i in await ca.nodes("workers")]
+
+
+async def test_a_server_deleted_behind_osas_back_leaves_within_one_incremental_sync(
+    clean, tmp_path
+):
+    """One of osas's servers deleted directly through the project's API: one incremental sync
+    later NodeGroupNodes no longer lists it and NodeGroupTargetSize no longer counts it. The
+    incremental sync's listing carries no tag filter (changes-since): Nova drops a deleted
+    server's tags, so a tag filter would hide exactly this deletion. osas syncs only when told
+    to here (hour-long intervals, no Refresh), so no complete listing can have seen it first."""
+    cloud = clean
+    config = scenario_config(
+        cloud,
+        tmp_path,
+        reconcile={"interval": "1h", "full_resync_interval": "1h", "max_inventory_age": "2h"},
+    )
+    async with osas_on(cloud, config) as (provider, ca):
+        await ca.increase("workers", 2)
+        await until(lambda: len(ours(cloud, config)) == 2, 60, "two servers")
+        await provider.sync(full=True)
+        victim = ours(cloud, config)[0]["id"]
+        assert f"openstack:///{victim}" in [i.id for i in await ca.nodes("workers")]
+        connect(cloud).compute.delete_server(victim)
+
+        def gone() -> bool:
+            return victim not in {s["id"] for s in ours(cloud, config)}
+
+        await until(gone, 60, "the server gone from Nova")  # deleting first, then DELETED
+        before = [i.id for i in await ca.nodes("workers")]
+        assert f"openstack:///{victim}" in before  # nothing has synced since
+        status = provider.app.reconciler.status
+        syncs = (status.full_syncs, status.incremental_syncs)
+        await provider.app.reconciler.reconcile_once(full=False)
+        assert (status.full_syncs, status.incremental_syncs) == (syncs[0], syncs[1] + 1)
+        instances = [i.id for i in await ca.nodes("workers")]
+        assert f"openstack:///{victim}" not in instances
+        assert len(instances) == 1
+        assert await ca.target_size("workers") == 1
+
+
+# -- Keystone: tokens revoked, tokens expiring ----------------------------------------------------
+
+REAUTHENTICATED = "OpenStack refused the token; authenticated again"  # osas's log lines
+CREDENTIALS_REFUSED = "OpenStack refuses osas's credentials"
+
+
+async def test_tokens_revoked_with_creates_in_flight_fail_no_create(clean, tmp_path):
+    """Keystone revokes every token of osas's user while five creates are on their way. Each
+    request refused 401 did nothing, so osas authenticates again and sends it again: CA sees no
+    failed create, every create ends as a server, the target holds.
+
+    Keystone also refuses tokens issued within the second of the revocation (it keeps whole
+    seconds), so the token osas gets at once may meet a second 401: osas then authenticates
+    once more a second later, and never takes its credentials for refused."""
+    cloud = clean
+    config = scenario_config(cloud, tmp_path)
+    if cloud.kind == "sim":
+        # Real Nova takes a few tenths of a second a create; the simulator microseconds.
+        cloud.sim.nova.faults.create_stall = 0.3  # type: ignore[attr-defined]
+    seen: list[str] = []
+    try:
+        with structlog.testing.capture_logs() as logs:
+            async with osas_on(cloud, config) as (provider, ca):
+                await ca.increase("workers", 5)
+                await asyncio.sleep(0.1)  # the first creates are on the wire, the rest queued
+                await asyncio.to_thread(cloud.revoke_tokens)
+
+                async def five_running() -> bool:
+                    # Through CA alone: right after a revocation Keystone refuses even tokens
+                    # issued within the same second (it keeps whole seconds), and the
+                    # scenario's own openstacksdk calls would meet that too.
+                    await ca.refresh()
+                    instances = list(await ca.nodes("workers"))
+                    seen.extend(error_codes(instances))
+                    running = [
+                        i
+                        for i in kept(instances)
+                        if i.status.instanceState == pb.InstanceStatus.instanceRunning
+                    ]
+                    return len(running) == 5
+
+                await until(five_running, 90, "five running instances")
+                assert await ca.target_size("workers") == 5
+                assert provider.app.inventory.ledger.failures_of("workers") == []
+    finally:
+        if cloud.kind == "sim":
+            cloud.sim.nova.faults.create_stall = 0.0  # type: ignore[attr-defined]
+    assert seen == []
+    assert len(ours(cloud, config)) == 5
+    assert any(e["event"] == REAUTHENTICATED for e in logs)  # the revocation reached osas
+    assert not [e for e in logs if e["event"].startswith(CREDENTIALS_REFUSED)]
+
+
+TOKEN_LIFETIME = 3  # seconds
+
+
+async def test_tokens_expiring_every_few_seconds_fail_nothing(clean, tmp_path):
+    """Keystone's tokens live 3 s: osas keeps working across several expiries, a scale-up and
+    a scale-down spanning more than the lifetime. keystoneauth renews a token close to its
+    expiry before sending a request (within 120 s of it, so here before every request), and
+    nothing is reported failed."""
+    cloud = clean
+    cloud.set_token_lifetime(TOKEN_LIFETIME)
+    seen: list[str] = []
+    try:
+        conn = connect(cloud)
+        access = conn.session.auth.get_access(conn.session)
+        assert access.expires - access.issued <= timedelta(seconds=TOKEN_LIFETIME)
+        config = scenario_config(cloud, tmp_path)
+        async with osas_on(cloud, config) as (provider, ca):
+
+            async def look() -> list[pb.Instance]:
+                await ca.refresh()
+                instances = list(await ca.nodes("workers"))
+                seen.extend(error_codes(instances))
+                return instances
+
+            async def lasting(since: float) -> None:
+                """CA's loop (Refresh, NodeGroupNodes) until a phase begun at ``since`` has
+                outlived a token issued as it began (Keystone keeps whole seconds)."""
+                while time.monotonic() - since < TOKEN_LIFETIME + 1:
+                    await look()
+                    await asyncio.sleep(0.5)
+
+            scale_up = time.monotonic()
+            await ca.increase("workers", 3)
+
+            async def three_running() -> bool:
+                states = [i.status.instanceState for i in kept(await look())]
+                return states == [pb.InstanceStatus.instanceRunning] * 3
+
+            await until(three_running, 90, "three running instances")
+            await lasting(scale_up)
+            scale_down = time.monotonic()
+            servers = ours(cloud, config)
+            await ca.delete(
+                "workers", [(s["name"], f"openstack:///{s['id']}") for s in servers[:2]]
+            )
+            await until(lambda: len(ours(cloud, config)) == 1, 60, "two servers deleted")
+            await lasting(scale_down)
+            assert await ca.target_size("workers") == 1
+            assert len(kept(await look())) == 1
+            assert provider.app.reconciler.status.credentials_refused is None
+    finally:
+        cloud.set_token_lifetime(None)
+    assert seen == []
 
 
 def test_check_config(clean, tmp_path):

@@ -1,20 +1,33 @@
-"""Real Nova on 127.0.0.1, for the real-Nova test lane (``nox -s nova``).
+"""Real Nova and real Keystone on 127.0.0.1, for the real-Nova test lane (``nox -s nova``).
 
 ``RealNova`` starts the nova-api WSGI app, conductor, scheduler and fake-driver computes in
 this process, from the functional-test fixtures the pinned ``nova`` wheel ships
 (``nova.tests.functional.integrated_helpers._IntegratedTestBase``, set up by hand outside any
 test runner): in-process Placement, the fixtures' fake Glance and Neutron, sqlite, the fake
-oslo.messaging transport. It serves everything on one free 127.0.0.1 port behind small facades,
-so that unmodified openstacksdk reaches it as it reaches a production cloud:
+oslo.messaging transport. Beside it runs real Keystone, from the pinned ``keystone`` wheel, in a
+child process of its own (``keystone_server.py``: Keystone imports eventlet, which Nova's
+fixtures refuse in their process): sqlite, fernet tokens, set up by ``keystone-manage`` as an
+operator does, on a port of its own. Unmodified openstacksdk reaches the pair as it reaches a
+production cloud:
 
-- ``/identity``: Keystone v3 (version discovery, password and application-credential tokens
-  with a service catalog). A token is mapped to the headers the fixtures' keystone stub reads
-  (``X-Auth-User``, ``X-Auth-Project-Id``, ``X-Roles``; the stub makes user ``admin`` an admin);
-  whatever a client sends in those headers itself is dropped, as keystonemiddleware does.
-- ``/compute``: nova-api itself (its own version documents, microversions, policy, quotas).
+- Keystone v3 (its own port): password and application-credential tokens, the service catalog,
+  the admin API, its cache in process memory (production's is memcached; Keystone drops cached
+  tokens whenever it records a revocation). ``[token] expiration`` is an hour unless a test
+  asks for less (``set_token_lifetime``: Keystone restarted with the new value, its keys and
+  database kept).
+- ``/compute``: nova-api itself (its own version documents, microversions, policy, quotas),
+  checking every token with Keystone through its own pipeline's keystonemiddleware
+  (``authtoken``), configured as in production with a ``nova`` service user, except that
+  validated tokens are not cached (``token_cache_time = -1``): a revoked token is refused at
+  once, where production clouds may accept it for minutes.
 - ``/image``: Glance v2, read-only, over the fixtures' fake image service.
 - ``/network``: Neutron v2.0, read-only (networks, subnets, ports, security groups), over the
   fixtures' fake Neutron.
+
+Both facades sit behind keystonemiddleware as well (the same options), and read who is asking
+from the headers it sets, as Glance and Neutron do; their version documents, like Nova's, need
+no token. The fixtures' network, subnets and security group are handed to the ``osas``
+project.
 
 ``RealNovaProcess`` runs the same thing in a child interpreter (``python cloud.py``), which is
 what tests should normally use: Nova's fixtures patch process-wide state (``os.uname`` and
@@ -27,14 +40,17 @@ but the launcher never printed "ready" nor stopped on SIGTERM. Run by hand::
 
     python tests/realnova/cloud.py --clouds-yaml /tmp/realnova/clouds.yaml --port 8774
 
-prints the Keystone URL and the clouds.yaml path, and serves until SIGTERM or Ctrl-C.
+prints the Keystone URL and the clouds.yaml path, and serves until SIGTERM or Ctrl-C. Keystone's
+folder (database, keys, keystone.log) is ``keystone/`` beside clouds.yaml, made anew at start.
 
-Admin helpers (both classes): ``set_quota`` (Nova's os-quota-sets), ``reset_state`` (force a
-server to ERROR), ``admin_servers`` (every project), ``add_project`` (a fresh project and user,
-added to clouds.yaml as ``realnova-<name>``).
+Admin helpers (both classes), as Keystone's bootstrap admin: ``set_quota`` (Nova's
+os-quota-sets), ``reset_state`` (force a server to ERROR), ``admin_servers`` (every project),
+``revoke_tokens`` (every token of a user, through Keystone's admin API), ``set_token_lifetime``,
+``add_project`` (a fresh project and user, added to clouds.yaml as ``realnova-<name>``).
 
-Only the standard library and PyYAML are imported at module level: this module can be
-imported where Nova is not installed (``RealNovaProcess`` then fails to start, cleanly).
+Only the standard library, PyYAML and ``keystone_server`` (the standard library alone) are
+imported at module level: this module can be imported where Nova and Keystone are not installed
+(``RealNovaProcess`` then fails to start, cleanly).
 """
 
 from __future__ import annotations
@@ -46,7 +62,7 @@ import functools
 import json
 import logging
 import os
-import secrets
+import shutil
 import signal
 import socketserver
 import subprocess
@@ -63,10 +79,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, quote, urlencode
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 import yaml
+
+if __package__:  # imported as realnova.cloud
+    from . import keystone_server
+else:  # run as a script: this file's folder is sys.path[0]
+    import keystone_server
 
 logger = logging.getLogger("realnova")
 
@@ -78,17 +99,19 @@ DOMAIN_NAME = "Default"
 # clouds.yaml entries written by the launcher.
 CLOUD = "realnova"  # the member user, password auth
 APPCRED_CLOUD = "realnova-appcred"  # the same user and project, application credential
-ADMIN_CLOUD = "realnova-admin"  # user "admin" (an admin for Nova's policy), same project
+ADMIN_CLOUD = "realnova-admin"  # Keystone's bootstrap admin, an admin of the same project too
 
-# The project of the fixtures: their network, subnets and security group belong to it.
-PROJECT_ID = "6f70656e737461636b20342065766572"
 PROJECT_NAME = "osas"
 USER_NAME = "osas"
 USER_PASSWORD = "osas-secret"
-ADMIN_USER_ID = "admin"  # the fixtures' keystone stub makes exactly this user id an admin
+ADMIN_USER_NAME = "admin"  # made by keystone-manage bootstrap: admin of the system
 ADMIN_PASSWORD = "admin-secret"
-APP_CREDENTIAL_ID = "0c5bb8e2a0f84f2c9f1cbd7c8a3b6e11"
+APP_CREDENTIAL_NAME = "osas"
 APP_CREDENTIAL_SECRET = "osas-appcred-secret"
+# Nova's service user, as in production: keystonemiddleware validates tokens with it.
+SERVICE_PROJECT_NAME = "service"
+NOVA_USER_NAME = "nova"
+NOVA_PASSWORD = "nova-secret"
 
 IMAGE_NAME = "ubuntu-24.04"
 IMAGE_ID = "5b1c3f4e-8d2a-4e6b-9c7d-1a2b3c4d5e6f"
@@ -132,6 +155,7 @@ class NovaOptions:
     flavors: tuple[FlavorSpec, ...] = DEFAULT_FLAVORS
     recheck_quota: bool = True  # Nova's [quota] recheck_quota
     log_level: str = "WARNING"  # Nova's log lines go to stderr from this level
+    token_lifetime: int = keystone_server.DEFAULT_TOKEN_LIFETIME  # Keystone's [token] expiration
 
     def to_args(self) -> list[str]:
         args = ["--hosts", str(self.hosts), "--driver", self.driver]
@@ -142,6 +166,8 @@ class NovaOptions:
             args += ["--max-limit", str(self.max_limit)]
         if not self.recheck_quota:
             args.append("--no-recheck-quota")
+        if self.token_lifetime != keystone_server.DEFAULT_TOKEN_LIFETIME:
+            args += ["--token-lifetime", str(self.token_lifetime)]
         if self.flavors != DEFAULT_FLAVORS:
             args += ["--flavors", json.dumps([_flavor_json(f) for f in self.flavors])]
         return args
@@ -158,242 +184,7 @@ def _flavor_json(flavor: FlavorSpec) -> dict[str, Any]:
 
 
 # ================================================================================================
-# Keystone v3
-# ================================================================================================
-
-
-@dataclass(frozen=True, slots=True)
-class _User:
-    user_id: str
-    name: str
-    password: str
-    project_id: str
-    project_name: str
-    roles: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class _Token:
-    token_id: str
-    user: _User
-    scoped: bool
-    methods: tuple[str, ...]
-    issued_at: datetime
-    expires_at: datetime
-    application_credential_id: str | None = None
-
-
-class _Keystone:
-    """Users, application credentials and tokens: just what keystoneauth's password and
-    v3applicationcredential plugins need."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.users: dict[str, _User] = {}
-        self.app_credentials: dict[str, tuple[str, str, _User]] = {}  # id -> (name, secret, user)
-        self.tokens: dict[str, _Token] = {}
-
-    def add_user(
-        self,
-        name: str,
-        password: str,
-        project_name: str,
-        *,
-        user_id: str | None = None,
-        project_id: str | None = None,
-        admin: bool = False,
-    ) -> _User:
-        roles = ("reader", "member", "admin") if admin else ("reader", "member")
-        user = _User(
-            user_id=user_id or uuid.uuid5(uuid.NAMESPACE_URL, f"realnova/user/{name}").hex,
-            name=name,
-            password=password,
-            project_id=project_id
-            or uuid.uuid5(uuid.NAMESPACE_URL, f"realnova/project/{project_name}").hex,
-            project_name=project_name,
-            roles=roles,
-        )
-        with self.lock:
-            self.users[user.user_id] = user
-        return user
-
-    def token(self, token_id: str | None) -> _Token | None:
-        with self.lock:
-            token = self.tokens.get(token_id or "")
-        if token is None or token.expires_at <= datetime.now(UTC):
-            return None
-        return token
-
-    def issue(self, body: Any) -> _Token:
-        auth = body.get("auth") if isinstance(body, dict) else None
-        identity = auth.get("identity") if isinstance(auth, dict) else None
-        if not isinstance(identity, dict) or not isinstance(identity.get("methods"), list):
-            raise _HTTPError(400, _keystone_error(400, "Bad Request", "Expecting auth.identity."))
-        methods = tuple(str(m) for m in identity["methods"])
-        credential_id = None
-        if "application_credential" in methods:
-            user, credential_id = self._check_app_credential(identity.get("application_credential"))
-            scoped = True
-        elif "password" in methods:
-            user = self._check_password(identity.get("password"))
-            scoped = self._check_scope(auth.get("scope"), user)
-        else:
-            raise _unauthorized()
-        now = datetime.now(UTC)
-        token = _Token(
-            secrets.token_hex(20),
-            user,
-            scoped,
-            methods,
-            now,
-            now + timedelta(hours=12),
-            credential_id,
-        )
-        with self.lock:
-            self.tokens[token.token_id] = token
-        return token
-
-    def _check_password(self, password: Any) -> _User:
-        ref = password.get("user") if isinstance(password, dict) else None
-        if not isinstance(ref, dict):
-            raise _unauthorized()
-        with self.lock:
-            users = list(self.users.values())
-        for user in users:
-            named = ("id" in ref and ref["id"] == user.user_id) or (
-                ref.get("name") == user.name and _names_default_domain(ref.get("domain"))
-            )
-            if named and secrets.compare_digest(str(ref.get("password", "")), user.password):
-                return user
-        raise _unauthorized()
-
-    def _check_app_credential(self, ref: Any) -> tuple[_User, str]:
-        if not isinstance(ref, dict):
-            raise _unauthorized()
-        with self.lock:
-            credentials = dict(self.app_credentials)
-        for credential_id, (name, secret, user) in credentials.items():
-            named = ref.get("id") == credential_id or (
-                "id" not in ref
-                and ref.get("name") == name
-                and isinstance(ref.get("user"), dict)
-                and (ref["user"].get("id") == user.user_id or ref["user"].get("name") == user.name)
-            )
-            if named and secrets.compare_digest(str(ref.get("secret", "")), secret):
-                return user, credential_id
-        raise _unauthorized()
-
-    def _check_scope(self, scope: Any, user: _User) -> bool:
-        if scope is None:
-            return False  # unscoped: no catalog
-        project = scope.get("project") if isinstance(scope, dict) else None
-        if not isinstance(project, dict):
-            raise _unauthorized()  # domain and system scopes: not here
-        if "id" in project:
-            if project["id"] != user.project_id:
-                raise _unauthorized()
-        elif project.get("name") != user.project_name or not _names_default_domain(
-            project.get("domain")
-        ):
-            raise _unauthorized()
-        return True
-
-    def token_body(self, token: _Token, base_url: str) -> dict[str, Any]:
-        user = token.user
-        body: dict[str, Any] = {
-            "methods": list(token.methods),
-            "user": {
-                "id": user.user_id,
-                "name": user.name,
-                "domain": {"id": DOMAIN_ID, "name": DOMAIN_NAME},
-                "password_expires_at": None,
-            },
-            "audit_ids": [secrets.token_urlsafe(16)],
-            "issued_at": _iso(token.issued_at),
-            "expires_at": _iso(token.expires_at),
-        }
-        if token.scoped:
-            body["project"] = {
-                "id": user.project_id,
-                "name": user.project_name,
-                "domain": {"id": DOMAIN_ID, "name": DOMAIN_NAME},
-            }
-            body["is_domain"] = False
-            body["roles"] = [
-                {"id": uuid.uuid5(uuid.NAMESPACE_URL, f"realnova/role/{r}").hex, "name": r}
-                for r in user.roles
-            ]
-            body["catalog"] = _catalog(base_url)
-        if token.application_credential_id is not None:
-            name = self.app_credentials[token.application_credential_id][0]
-            body["application_credential"] = {
-                "id": token.application_credential_id,
-                "name": name,
-                "restricted": True,
-            }
-        return body
-
-
-def _names_default_domain(domain: Any) -> bool:
-    if not isinstance(domain, dict):
-        return False
-    return domain.get("id") == DOMAIN_ID or domain.get("name") == DOMAIN_NAME
-
-
-def _catalog(base_url: str) -> list[dict[str, Any]]:
-    services = {
-        "identity": ("keystone", f"{base_url}/identity"),
-        "compute": ("nova", f"{base_url}/compute/v2.1"),
-        "image": ("glance", f"{base_url}/image"),
-        "network": ("neutron", f"{base_url}/network"),
-    }
-    return [
-        {
-            "type": service_type,
-            "name": name,
-            "id": uuid.uuid5(uuid.NAMESPACE_URL, f"realnova/service/{service_type}").hex,
-            "endpoints": [
-                {
-                    "id": uuid.uuid5(
-                        uuid.NAMESPACE_URL, f"realnova/endpoint/{service_type}/{interface}"
-                    ).hex,
-                    "interface": interface,
-                    "region": REGION,
-                    "region_id": REGION,
-                    "url": url,
-                }
-                for interface in ("public", "internal", "admin")
-            ],
-        }
-        for service_type, (name, url) in services.items()
-    ]
-
-
-def _iso(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _iso_seconds(moment: Any) -> str | None:
-    if isinstance(moment, datetime):
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=UTC)
-        return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return None if moment is None else str(moment)
-
-
-def _keystone_error(status: int, title: str, message: str) -> dict[str, Any]:
-    return {"error": {"code": status, "title": title, "message": message}}
-
-
-def _unauthorized() -> _HTTPError:
-    return _HTTPError(
-        401,
-        _keystone_error(401, "Unauthorized", "The request you have made requires authentication."),
-    )
-
-
-# ================================================================================================
-# The HTTP front: one WSGI app routing to Keystone, Nova, Glance and Neutron
+# The HTTP front: one WSGI app routing to Nova, Glance and Neutron
 # ================================================================================================
 
 
@@ -419,50 +210,66 @@ _REASONS = {
     500: "Internal Server Error",
 }
 
-# Headers keystonemiddleware would strip from a client's request before setting its own.
-_IDENTITY_HEADERS = (
-    "HTTP_X_AUTH_USER",
-    "HTTP_X_AUTH_PROJECT_ID",
-    "HTTP_X_ROLES",
-    "HTTP_X_ROLE",
-    "HTTP_X_USER_ID",
-    "HTTP_X_USER",
-    "HTTP_X_USER_NAME",
-    "HTTP_X_PROJECT_ID",
-    "HTTP_X_PROJECT_NAME",
-    "HTTP_X_TENANT_ID",
-    "HTTP_X_TENANT",
-    "HTTP_X_TENANT_NAME",
-    "HTTP_X_IDENTITY_STATUS",
-    "HTTP_X_SERVICE_CATALOG",
-)
-# Nova's unauthenticated version documents, below /compute.
-_COMPUTE_VERSION_PATHS = {"", "/", "/v2", "/v2/", "/v2.1", "/v2.1/"}
+# Version documents: served without a token, as Glance and Neutron do.
+_UNAUTHENTICATED_PATHS = {"/image", "/image/versions", "/network"}
+
+
+@dataclass(frozen=True, slots=True)
+class _Caller:
+    """Who keystonemiddleware says is asking (the headers it sets once Keystone has validated
+    the token; whatever the client sent under those names it has removed)."""
+
+    project_id: str
+    roles: frozenset[str]
+
+    @classmethod
+    def of(cls, environ: Mapping[str, Any]) -> _Caller:
+        if environ.get("HTTP_X_IDENTITY_STATUS") != "Confirmed":
+            # Only if keystonemiddleware were told to let unauthenticated requests through.
+            raise _HTTPError(401, {"error": {"code": 401, "message": "no valid token"}})
+        roles = environ.get("HTTP_X_ROLES", "")
+        return cls(
+            project_id=str(environ.get("HTTP_X_PROJECT_ID", "")),
+            roles=frozenset(role.strip() for role in roles.split(",") if role.strip()),
+        )
+
+    @property
+    def admin(self) -> bool:
+        return "admin" in self.roles
 
 
 class _Front:
-    """The WSGI app on the port: facades plus nova-api."""
+    """The WSGI app on the port: nova-api (its pipeline checks tokens), and the facades behind
+    ``authenticate`` (keystonemiddleware, configured as Nova's)."""
 
     def __init__(
         self,
-        keystone: _Keystone,
         nova_app: Callable[..., Any],
         images: Callable[[], Iterable[Mapping[str, Any]]],
         neutron: Any,
         admin_hook: Callable[[str, Any], Any],
+        authenticate: Callable[[Callable[..., Any]], Callable[..., Any]],
     ) -> None:
-        self.keystone = keystone
         self.nova_app = nova_app
         self.images = images
         self.neutron = neutron
         self.admin_hook = admin_hook
+        self._authenticated_facades = authenticate(self._facades)
         self.base_url = ""
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
         path = environ.get("PATH_INFO", "") or "/"
+        if path == "/compute" or path.startswith("/compute/"):
+            environ["SCRIPT_NAME"] = environ.get("SCRIPT_NAME", "") + "/compute"
+            environ["PATH_INFO"] = path[len("/compute") :]
+            return self.nova_app(environ, start_response)
+        if path.rstrip("/") in _UNAUTHENTICATED_PATHS:
+            return self._facades(environ, start_response)
+        return self._authenticated_facades(environ, start_response)
+
+    def _facades(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        path = environ.get("PATH_INFO", "") or "/"
         try:
-            if path == "/compute" or path.startswith("/compute/"):
-                return self._nova(environ, start_response, path[len("/compute") :])
             status, body, headers = self._facade(path, environ)
         except _HTTPError as error:
             status, body, headers = error.status, error.body, error.headers
@@ -474,8 +281,6 @@ class _Front:
     def _facade(self, path: str, environ: Mapping[str, Any]) -> tuple[int, Any, dict[str, str]]:
         method = environ["REQUEST_METHOD"]
         query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
-        if path == "/identity" or path.startswith("/identity/"):
-            return self._identity(method, path, environ)
         if path == "/image" or path.startswith("/image/"):
             return self._image(method, path, query, environ)
         if path == "/network" or path.startswith("/network/"):
@@ -483,93 +288,6 @@ class _Front:
         if path.startswith("/_realnova/"):
             return self._control(method, path, environ)
         raise _HTTPError(404, {"error": {"code": 404, "message": "not served"}})
-
-    # -- helpers ---------------------------------------------------------------------------------
-
-    def _authenticated(self, environ: Mapping[str, Any]) -> _Token:
-        token = self.keystone.token(environ.get("HTTP_X_AUTH_TOKEN"))
-        if token is None or not token.scoped:
-            raise _HTTPError(
-                401,
-                _keystone_error(
-                    401, "Unauthorized", "The request you have made requires authentication."
-                ),
-                {"WWW-Authenticate": f'Keystone uri="{self.base_url}/identity"'},
-            )
-        return token
-
-    # -- Nova ------------------------------------------------------------------------------------
-
-    def _nova(self, environ: dict[str, Any], start_response: Callable[..., Any], rest: str) -> Any:
-        for name in _IDENTITY_HEADERS:
-            environ.pop(name, None)
-        if rest not in _COMPUTE_VERSION_PATHS:
-            token = self._authenticated(environ)
-            user = token.user
-            environ["HTTP_X_AUTH_USER"] = user.user_id
-            environ["HTTP_X_AUTH_PROJECT_ID"] = user.project_id
-            environ["HTTP_X_ROLES"] = ",".join(user.roles)
-            # What keystonemiddleware sets as well (the fixtures' stub reads the three above).
-            environ["HTTP_X_USER_ID"] = user.user_id
-            environ["HTTP_X_USER_NAME"] = user.name
-            environ["HTTP_X_PROJECT_ID"] = user.project_id
-            environ["HTTP_X_PROJECT_NAME"] = user.project_name
-            environ["HTTP_X_IDENTITY_STATUS"] = "Confirmed"
-        environ["SCRIPT_NAME"] = environ.get("SCRIPT_NAME", "") + "/compute"
-        environ["PATH_INFO"] = rest
-        return self.nova_app(environ, start_response)
-
-    # -- Keystone --------------------------------------------------------------------------------
-
-    def _identity_version(self) -> dict[str, Any]:
-        return {
-            "id": "v3.14",
-            "status": "stable",
-            "updated": "2020-04-07T00:00:00Z",
-            "links": [{"rel": "self", "href": f"{self.base_url}/identity/v3/"}],
-            "media-types": [
-                {"base": "application/json", "type": "application/vnd.openstack.identity-v3+json"}
-            ],
-        }
-
-    def _identity(
-        self, method: str, path: str, environ: Mapping[str, Any]
-    ) -> tuple[int, Any, dict[str, str]]:
-        path = path.rstrip("/")
-        if path == "/identity" and method == "GET":
-            return 300, {"versions": {"values": [self._identity_version()]}}, {}
-        if path == "/identity/v3" and method == "GET":
-            return 200, {"version": self._identity_version()}, {}
-        if path == "/identity/v3/auth/tokens" and method in {"POST", "GET", "DELETE"}:
-            return self._tokens(method, environ)
-        if path.startswith("/identity/v3/projects/") and method == "GET":
-            token = self._authenticated(environ)
-            wanted = path.rsplit("/", 1)[1]
-            with self.keystone.lock:
-                projects = {(u.project_id, u.project_name) for u in self.keystone.users.values()}
-            for project_id, name in projects:
-                if project_id == wanted and (
-                    "admin" in token.user.roles or project_id == token.user.project_id
-                ):
-                    return 200, {"project": _project_body(project_id, name)}, {}
-            raise _HTTPError(404, _keystone_error(404, "Not Found", "Could not find project."))
-        raise _HTTPError(404, _keystone_error(404, "Not Found", "Not served by realnova."))
-
-    def _tokens(self, method: str, environ: Mapping[str, Any]) -> tuple[int, Any, dict[str, str]]:
-        if method == "POST":
-            token = self.keystone.issue(_json_body(environ))
-            body = {"token": self.keystone.token_body(token, self.base_url)}
-            return 201, body, {"X-Subject-Token": token.token_id}
-        self._authenticated(environ)
-        subject = self.keystone.token(environ.get("HTTP_X_SUBJECT_TOKEN"))
-        if subject is None:
-            raise _HTTPError(404, _keystone_error(404, "Not Found", "Could not find token."))
-        if method == "GET":
-            body = {"token": self.keystone.token_body(subject, self.base_url)}
-            return 200, body, {"X-Subject-Token": subject.token_id}
-        with self.keystone.lock:
-            self.keystone.tokens.pop(subject.token_id, None)
-        return 204, None, {}
 
     # -- Glance ----------------------------------------------------------------------------------
 
@@ -586,10 +304,10 @@ class _Front:
                 for i, v in enumerate(("v2.16", "v2.15", "v2.9", "v2.0"))
             ]
             return 300, {"versions": versions}, {}
-        token = self._authenticated(environ)
+        caller = _Caller.of(environ)
         images = [self._glance_image(meta) for meta in self.images()]
         images = [
-            i for i in images if i["visibility"] != "private" or i["owner"] == token.user.project_id
+            i for i in images if i["visibility"] != "private" or i["owner"] == caller.project_id
         ]
         if path == "/image/v2/images":
             return 200, _glance_page(images, query), {}
@@ -604,7 +322,7 @@ class _Front:
 
     def _glance_image(self, meta: Mapping[str, Any]) -> dict[str, Any]:
         properties = dict(meta.get("properties") or {})
-        owner = properties.pop("owner", None) or meta.get("owner") or PROJECT_ID
+        owner = properties.pop("owner", None) or meta.get("owner")
         image_id = str(meta["id"])
         body: dict[str, Any] = {
             key: value for key, value in properties.items() if isinstance(value, str | int | bool)
@@ -648,7 +366,7 @@ class _Front:
         if path == "/network":
             link = [{"rel": "self", "href": f"{self.base_url}/network/v2.0/"}]
             return 200, {"versions": [{"id": "v2.0", "status": "CURRENT", "links": link}]}, {}
-        token = self._authenticated(environ)
+        caller = _Caller.of(environ)
         neutron = self.neutron  # the fixture's own stores, read as they are now
         collections = {
             "networks": ("network", functools.partial(_snapshot, neutron._networks)),
@@ -683,9 +401,9 @@ class _Front:
         visible = [
             copy.deepcopy(item)
             for item in items()
-            if "admin" in token.user.roles
+            if caller.admin
             or item.get("shared")
-            or item.get("project_id", item.get("tenant_id")) == token.user.project_id
+            or item.get("project_id", item.get("tenant_id")) == caller.project_id
         ]
         if len(parts) == 2:
             for item in visible:
@@ -702,8 +420,7 @@ class _Front:
     def _control(
         self, method: str, path: str, environ: Mapping[str, Any]
     ) -> tuple[int, Any, dict[str, str]]:
-        token = self._authenticated(environ)
-        if "admin" not in token.user.roles:
+        if not _Caller.of(environ).admin:
             raise _HTTPError(403, {"error": {"code": 403, "message": "admin only"}})
         if method != "POST":
             raise _HTTPError(405, {"error": {"code": 405, "message": "POST only"}})
@@ -716,18 +433,12 @@ def _snapshot(store: Mapping[str, Any]) -> list[Any]:
     return list(dict(store).values())
 
 
-def _project_body(project_id: str, name: str) -> dict[str, Any]:
-    return {
-        "id": project_id,
-        "name": name,
-        "domain_id": DOMAIN_ID,
-        "enabled": True,
-        "is_domain": False,
-        "parent_id": DOMAIN_ID,
-        "description": "",
-        "tags": [],
-        "options": {},
-    }
+def _iso_seconds(moment: Any) -> str | None:
+    if isinstance(moment, datetime):
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return None if moment is None else str(moment)
 
 
 def _json_body(environ: Mapping[str, Any]) -> Any:
@@ -863,87 +574,177 @@ class _ThreadingWSGIServer(socketserver.ThreadingMixIn, WSGIServer):
 # Admin calls over HTTP (for RealNova and RealNovaProcess alike)
 # ================================================================================================
 
+# A token this close to its expiry is renewed first (a test may make tokens live seconds).
+_RENEW_BEFORE = timedelta(seconds=30)
+_HTTP_UNAUTHORIZED = 401
+_SYSTEM_SCOPE: dict[str, Any] = {"system": {"all": True}}
+
+
+class _RefusedError(RuntimeError):
+    def __init__(self, method: str, url: str, status: int, raw: bytes) -> None:
+        super().__init__(f"{method} {url}: HTTP {status} {raw[:500]!r}")
+        self.status = status
+
+
+def _http(
+    method: str,
+    url: str,
+    body: Any = None,
+    *,
+    token: str | None = None,
+    microversion: str | None = None,
+) -> tuple[Mapping[str, str], Any]:
+    """One JSON request; the answer's headers and body, or ``_RefusedError`` from 400 on."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method)  # noqa: S310 - 127.0.0.1
+    request.add_header("Content-Type", "application/json")
+    request.add_header("Accept", "application/json")
+    if token:
+        request.add_header("X-Auth-Token", token)
+    if microversion:
+        request.add_header("OpenStack-API-Version", f"compute {microversion}")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310
+            raw = response.read()
+            status, headers = response.status, dict(response.headers)
+    except urllib.error.HTTPError as error:
+        raw = error.read()
+        status, headers = error.code, dict(error.headers)
+    if status >= 400:
+        raise _RefusedError(method, url, status, raw)
+    return headers, json.loads(raw) if raw else None
+
+
+def _password_token(
+    auth_url: str, user_name: str, password: str, scope: Mapping[str, Any]
+) -> tuple[str, datetime]:
+    """A token from Keystone for a user of the default domain, and when it expires."""
+    body = {
+        "auth": {
+            "identity": {
+                "methods": ["password"],
+                "password": {
+                    "user": {"name": user_name, "domain": {"id": DOMAIN_ID}, "password": password}
+                },
+            },
+            "scope": dict(scope),
+        }
+    }
+    headers, answer = _http("POST", f"{auth_url}/auth/tokens", body)
+    expires_at = datetime.fromisoformat(answer["token"]["expires_at"])
+    return headers["X-Subject-Token"], expires_at
+
+
+def _project_scope(project_name: str) -> dict[str, Any]:
+    return {"project": {"name": project_name, "domain": {"id": DOMAIN_ID}}}
+
 
 class _AdminClient:
-    """Nova's admin API through the facade, with the ``admin`` user's token."""
+    """Keystone's bootstrap admin over HTTP. Keystone's own API takes a system-scoped token
+    (its policies want the system for users, projects and the catalog); Nova's admin API and
+    the launcher's control calls take one scoped to the osas project (Nova's policies want a
+    project admin). Each is renewed shortly before it expires, and once after a 401."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, auth_url: str) -> None:
         self.base_url = base_url
-        self._token: str | None = None
+        self.auth_url = auth_url
+        self._lock = threading.Lock()
+        self._tokens: dict[str, tuple[str, datetime]] = {}
+        self._role_ids: dict[str, str] = {}  # roles are made once, by keystone-manage bootstrap
 
-    def _get_token(self) -> str:
-        if self._token is None:
-            body = {
-                "auth": {
-                    "identity": {
-                        "methods": ["password"],
-                        "password": {"user": {"id": ADMIN_USER_ID, "password": ADMIN_PASSWORD}},
-                    },
-                    "scope": {"project": {"id": PROJECT_ID}},
-                }
-            }
-            _status, headers, _body = self._request(
-                "POST", "/identity/v3/auth/tokens", body, token=None
-            )
-            self._token = headers["X-Subject-Token"]
-        return self._token
+    def _token(self, scope: str, *, renew: bool) -> str:
+        with self._lock:
+            held = self._tokens.get(scope)
+            if renew or held is None or held[1] - datetime.now(UTC) < _RENEW_BEFORE:
+                wanted = _SYSTEM_SCOPE if scope == "system" else _project_scope(PROJECT_NAME)
+                held = _password_token(self.auth_url, ADMIN_USER_NAME, ADMIN_PASSWORD, wanted)
+                self._tokens[scope] = held
+            return held[0]
 
-    def _request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        token: str | None,
-        microversion: str | None = None,
-    ) -> tuple[int, Mapping[str, str], Any]:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(  # noqa: S310 - http://127.0.0.1 only
-            self.base_url + path, data=data, method=method
-        )
-        request.add_header("Content-Type", "application/json")
-        request.add_header("Accept", "application/json")
-        if token:
-            request.add_header("X-Auth-Token", token)
-        if microversion:
-            request.add_header("OpenStack-API-Version", f"compute {microversion}")
+    def _authorized(
+        self, scope: str, method: str, url: str, body: Any, microversion: str | None = None
+    ) -> Any:
         try:
-            with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310
-                raw = response.read()
-                status, headers = response.status, dict(response.headers)
-        except urllib.error.HTTPError as error:
-            raw = error.read()
-            status, headers = error.code, dict(error.headers)
-        parsed = json.loads(raw) if raw else None
-        if status >= 400:
-            raise RuntimeError(f"{method} {path}: HTTP {status} {raw[:500]!r}")
-        return status, headers, parsed
+            token = self._token(scope, renew=False)
+            return _http(method, url, body, token=token, microversion=microversion)[1]
+        except _RefusedError as refused:
+            if refused.status != _HTTP_UNAUTHORIZED:
+                raise
+        token = self._token(scope, renew=True)
+        return _http(method, url, body, token=token, microversion=microversion)[1]
+
+    def keystone(self, method: str, path: str, body: Any = None) -> Any:
+        """Keystone's API below /v3."""
+        return self._authorized("system", method, f"{self.auth_url}{path}", body)
 
     def call(
         self, method: str, path: str, body: Any = None, microversion: str | None = None
     ) -> Any:
-        return self._request(
-            method, path, body, token=self._get_token(), microversion=microversion
-        )[2]
+        """The front: Nova's API below /compute, the control calls below /_realnova."""
+        return self._authorized("project", method, f"{self.base_url}{path}", body, microversion)
+
+    # -- Keystone's objects, by name ---------------------------------------------------------------
+
+    def named(self, collection: str, name: str) -> dict[str, Any]:
+        """The one user, project or role of that name (users and projects: default domain)."""
+        query = f"name={quote(name)}"
+        if collection in {"users", "projects"}:
+            query += f"&domain_id={DOMAIN_ID}"
+        found = self.keystone("GET", f"/{collection}?{query}")[collection]
+        if len(found) != 1:
+            msg = f"Keystone has {len(found)} {collection} named {name!r}"
+            raise LookupError(msg)
+        return dict(found[0])
+
+    def create_project(self, name: str) -> str:
+        body = {"project": {"name": name, "domain_id": DOMAIN_ID, "enabled": True}}
+        return str(self.keystone("POST", "/projects", body)["project"]["id"])
+
+    def create_user(self, name: str, password: str) -> str:
+        body = {"user": {"name": name, "password": password, "domain_id": DOMAIN_ID}}
+        return str(self.keystone("POST", "/users", body)["user"]["id"])
+
+    def grant(self, project_id: str, user_id: str, role_name: str) -> None:
+        role_id = self._role_ids.get(role_name)
+        if role_id is None:
+            role_id = self._role_ids[role_name] = self.named("roles", role_name)["id"]
+        self.keystone("PUT", f"/projects/{project_id}/users/{user_id}/roles/{role_id}")
+
+    def add_service(self, service_type: str, name: str, url: str) -> None:
+        """A service in the catalog, at ``url`` for every interface."""
+        body = {"service": {"type": service_type, "name": name, "enabled": True}}
+        service_id = self.keystone("POST", "/services", body)["service"]["id"]
+        for interface in ("public", "internal", "admin"):
+            endpoint = {"service_id": service_id, "interface": interface, "url": url}
+            self.keystone("POST", "/endpoints", {"endpoint": {**endpoint, "region_id": REGION}})
 
 
 class _AdminHelpers:
-    """Admin helpers shared by RealNova and RealNovaProcess (``base_url`` is theirs)."""
+    """Admin helpers shared by RealNova and RealNovaProcess (``base_url``, ``auth_url`` and
+    ``project_id`` are theirs)."""
 
     @property
     def base_url(self) -> str:
         raise NotImplementedError
 
+    @property
+    def auth_url(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def project_id(self) -> str:
+        raise NotImplementedError
+
     def _admin(self) -> _AdminClient:
         client: _AdminClient | None = getattr(self, "_admin_client", None)
-        if client is None or client.base_url != self.base_url:
-            client = _AdminClient(self.base_url)
+        if client is None or (client.base_url, client.auth_url) != (self.base_url, self.auth_url):
+            client = _AdminClient(self.base_url, self.auth_url)
             self._admin_client = client
         return client
 
     def set_quota(self, project_id: str | None = None, **limits: int) -> dict[str, Any]:
         """Nova's quota for a project, through Nova's own quota API (os-quota-sets)."""
-        project = project_id or PROJECT_ID
+        project = project_id or self.project_id
         body = {"quota_set": dict(limits)}
         return self._admin().call(
             "PUT", f"/compute/v2.1/os-quota-sets/{project}", body, microversion="2.1"
@@ -964,6 +765,20 @@ class _AdminHelpers:
             "GET", f"/compute/v2.1/servers/detail?{urlencode(params)}", microversion="latest"
         )
         return list(body["servers"])
+
+    def revoke_tokens(self, user_name: str = USER_NAME, password: str = USER_PASSWORD) -> None:
+        """Keystone revokes every token of the user, application-credential tokens included:
+        its password set again, to what it is, through Keystone's admin API (Keystone records
+        a revocation event for the user; the credentials keep working). Keystone cuts times
+        to whole seconds, so a token issued within the same second is revoked too."""
+        admin = self._admin()
+        user_id = admin.named("users", user_name)["id"]
+        admin.keystone("PATCH", f"/users/{user_id}", {"user": {"password": password}})
+
+
+# ================================================================================================
+# Nova from its functional-test fixtures
+# ================================================================================================
 
 
 # ================================================================================================
@@ -1011,7 +826,10 @@ class _ReaderPreferringLock:
     (see ``_nova_case_class``). Same interface and rules as fasteners': ``read_lock``,
     ``write_lock``; a writer may read and write again, a reader may not become a writer."""
 
+    made = 0  # how many: proof that Nova's fixture uses this class
+
     def __init__(self) -> None:
+        _ReaderPreferringLock.made += 1
         self._changed = threading.Condition()
         self._readers: dict[threading.Thread, int] = {}
         self._writer: threading.Thread | None = None
@@ -1054,12 +872,16 @@ class _ReaderPreferringLock:
                 self._changed.notify_all()
 
 
-def _nova_case_class(options: NovaOptions, paste_ini: Path) -> type:  # noqa: C901 - nested classes
-    """A subclass of Nova's integrated-test base, built once Nova may be imported."""
+def _nova_case_class(  # noqa: C901 - nested classes
+    options: NovaOptions, paste_ini: Path, authtoken: Mapping[str, Any]
+) -> type:
+    """A subclass of Nova's integrated-test base, built once Nova may be imported.
+    ``authtoken``: the ``[keystone_authtoken]`` options of Nova's keystonemiddleware."""
     # First: this chooses eventlet or native threads (monkey_patch.patch()), and must run
     # before anything imports futurist, which imports eventlet when it can.
     import fixtures  # noqa: PLC0415
     import nova.tests.functional  # noqa: PLC0415, F401
+    from nova import conf as nova_conf  # noqa: PLC0415
     from nova import context as nova_context  # noqa: PLC0415
     from nova import objects  # noqa: PLC0415
     from nova.tests import fixtures as nova_fixtures  # noqa: PLC0415
@@ -1137,13 +959,17 @@ def _nova_case_class(options: NovaOptions, paste_ini: Path) -> type:  # noqa: C9
     # reader/writer lock, made for eventlet. On native threads it deadlocks under concurrent
     # creates: a thread holding the read lock waits on an RPC whose handler needs the read
     # lock, queued behind a waiting writer. Readers that never wait for a queued writer cannot
-    # deadlock that way.
-    nova_fixtures.nova.ReaderWriterLock = _ReaderPreferringLock
+    # deadlock that way. The module is looked up by name: the package's ``from .nova import *``
+    # re-exports nova.py's own ``nova`` (the top-level package) over the submodule's name.
+    cells_fixture = sys.modules["nova.tests.fixtures.nova"]
+    cells_fixture.ReaderWriterLock = _ReaderPreferringLock  # type: ignore[attr-defined]
 
     class _NovaCase(integrated_helpers._IntegratedTestBase):
         # Nova-api returns at once and the build goes on in the background, as in production.
         CAST_AS_CALL = False
         REQUIRES_LOCKING = True
+        # keystonemiddleware in nova-api's pipeline, checking tokens with Keystone.
+        STUB_KEYSTONE = False
 
         def runTest(self) -> None:  # the TestCase needs a method to exist
             pass
@@ -1157,7 +983,23 @@ def _nova_case_class(options: NovaOptions, paste_ini: Path) -> type:  # noqa: C9
             for name, value in options.quotas.items():
                 self.flags(**{name: value, "group": "quota"})
             self.flags(compute_driver=options.driver)
+            # keystonemiddleware registers [keystone_authtoken] when imported, but the service
+            # user's options only once it loads its auth plugin, after these must be set.
+            import keystonemiddleware.auth_token  # noqa: PLC0415, F401
+            from keystoneauth1 import loading as ks_loading  # noqa: PLC0415
+
+            nova_conf.CONF.register_opts(
+                ks_loading.get_auth_plugin_conf_options("password"), group="keystone_authtoken"
+            )
+            self.flags(group="keystone_authtoken", **authtoken)
             super()._setup_services()
+
+        def _setup_cells(self) -> None:
+            made = _ReaderPreferringLock.made
+            super()._setup_cells()
+            if _ReaderPreferringLock.made == made:
+                msg = "Nova's cell fixture made its own reader/writer lock: see _nova_case_class"
+                raise RuntimeError(msg)
 
         def _setup_compute_service(self) -> Any:
             first = None
@@ -1179,15 +1021,18 @@ def _nova_case_class(options: NovaOptions, paste_ini: Path) -> type:  # noqa: C9
     _NovaCase.fixture_swaps = (nova_fixtures, originals, replacements)
     _NovaCase.nova_context = nova_context
     _NovaCase.nova_objects = objects
+    _NovaCase.fixtures_project_id = nova_fixtures.PROJECT_ID  # owns the fixtures' network
     return _NovaCase
 
 
 class RealNova(_AdminHelpers):
-    """Real Nova in this process, served on 127.0.0.1 (see the module docstring).
+    """Real Nova in this process and real Keystone in a child, served on 127.0.0.1 (see the
+    module docstring).
 
     Use as a context manager. ``clouds_yaml`` (written at start, mode 0600) holds the
     ``realnova`` (password), ``realnova-appcred`` and ``realnova-admin`` clouds; point
-    ``OS_CLIENT_CONFIG_FILE`` at it. Nova keeps its state for the life of the object.
+    ``OS_CLIENT_CONFIG_FILE`` at it. Nova and Keystone keep their state for the life of the
+    object.
     """
 
     def __init__(
@@ -1204,11 +1049,13 @@ class RealNova(_AdminHelpers):
         self._case: Any = None
         self._server: _ThreadingWSGIServer | None = None
         self._thread: threading.Thread | None = None
-        self.keystone = _Keystone()
+        self.keystone: keystone_server.KeystoneProcess | None = None
         self.startup_seconds = 0.0
         self.flavor_ids: dict[str, str] = {}
         self.image_id = IMAGE_ID
         self.network_id = ""
+        self._project_id = ""
+        self.app_credential_id = ""
         self._extra_clouds: dict[str, dict[str, Any]] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -1227,29 +1074,57 @@ class RealNova(_AdminHelpers):
 
     def start(self) -> None:
         started = time.monotonic()
+        # Keystone sets itself up in its own process (some 7 s) while Nova starts here.
+        folder = self.clouds_yaml.parent / "keystone"
+        shutil.rmtree(folder, ignore_errors=True)  # a new cloud: no users from a last run
+        self.keystone = keystone_server.KeystoneProcess(
+            folder,
+            admin_password=ADMIN_PASSWORD,
+            region=REGION,
+            token_lifetime=self.options.token_lifetime,
+        )
+        try:
+            self.keystone.start()
+            self._start_nova(self.keystone)
+            self._populate()
+            self._serve()
+            self.keystone.wait_ready()
+            self._populate_keystone()
+            self._write_clouds_yaml()
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - started
+
+    def _start_nova(self, keystone: keystone_server.KeystoneProcess) -> None:
         _prepare_nova_import()
-        case_class = _nova_case_class(self.options, _api_paste_ini())
-        module, _originals, replacements = case_class.fixture_swaps
+        # keystonemiddleware as a production nova.conf sets it up, but for its cache of
+        # validated tokens: every request is checked with Keystone, so revocation is seen at
+        # once (production caches for token_cache_time, 300 s by default).
+        authtoken = {
+            "www_authenticate_uri": keystone.url,
+            "auth_url": keystone.auth_url,
+            "auth_type": "password",
+            "username": NOVA_USER_NAME,
+            "password": NOVA_PASSWORD,
+            "project_name": SERVICE_PROJECT_NAME,
+            "user_domain_name": DOMAIN_NAME,
+            "project_domain_name": DOMAIN_NAME,
+            "region_name": REGION,
+            "token_cache_time": -1,
+            # memcached_servers is left unset: no memcached, an in-process cache (unused).
+        }
+        case_class = _nova_case_class(self.options, _api_paste_ini(), authtoken)
+        module, originals, replacements = case_class.fixture_swaps
         for name, replacement in replacements.items():
             setattr(module, name, replacement)
         case = case_class("runTest")
         self._case = case
         try:
             case.setUp()
-        except BaseException:
-            self._run_cleanups()
-            raise
         finally:
-            for name, original in _originals.items():
+            for name, original in originals.items():
                 setattr(module, name, original)
-        try:
-            self._populate()
-            self._serve()
-            self._write_clouds_yaml()
-        except BaseException:
-            self.stop()
-            raise
-        self.startup_seconds = time.monotonic() - started
 
     def stop(self) -> None:
         if self._server is not None:
@@ -1260,6 +1135,9 @@ class RealNova(_AdminHelpers):
             self._thread.join(timeout=10)
             self._thread = None
         self._run_cleanups()
+        if self.keystone is not None:
+            self.keystone.stop()
+            self.keystone = None
         if self._tempdir is not None:
             self._tempdir.cleanup()
             self._tempdir = None
@@ -1326,26 +1204,57 @@ class RealNova(_AdminHelpers):
         neutron._networks[network["id"]] = network
         self.network_id = network["id"]
 
-        keystone = self.keystone
-        user = keystone.add_user(USER_NAME, USER_PASSWORD, PROJECT_NAME, project_id=PROJECT_ID)
-        keystone.app_credentials[APP_CREDENTIAL_ID] = ("osas", APP_CREDENTIAL_SECRET, user)
-        keystone.add_user(
-            "admin",
-            ADMIN_PASSWORD,
-            PROJECT_NAME,
-            user_id=ADMIN_USER_ID,
-            project_id=PROJECT_ID,
-            admin=True,
+    def _populate_keystone(self) -> None:
+        """What a deployment tool would make in Keystone once it answers: Nova's service user,
+        the catalog, the osas project and user, the admin's role in that project, and the
+        application credential (made by the user, as users make them)."""
+        admin = self._admin()
+        admin_user_id = admin.named("users", ADMIN_USER_NAME)["id"]
+        service_project_id = admin.create_project(SERVICE_PROJECT_NAME)
+        nova_user_id = admin.create_user(NOVA_USER_NAME, NOVA_PASSWORD)
+        for role in ("service", "admin"):
+            admin.grant(service_project_id, nova_user_id, role)
+        for service_type, name, path in (
+            ("compute", "nova", "/compute/v2.1"),
+            ("image", "glance", "/image"),
+            ("network", "neutron", "/network"),
+        ):
+            admin.add_service(service_type, name, f"{self.base_url}{path}")
+        project_id = admin.create_project(PROJECT_NAME)
+        user_id = admin.create_user(USER_NAME, USER_PASSWORD)
+        admin.grant(project_id, user_id, "member")  # implies reader
+        admin.grant(project_id, admin_user_id, "admin")
+        self._project_id = project_id
+        token, _expires_at = _password_token(
+            self.auth_url, USER_NAME, USER_PASSWORD, _project_scope(PROJECT_NAME)
         )
+        body = {
+            "application_credential": {"name": APP_CREDENTIAL_NAME, "secret": APP_CREDENTIAL_SECRET}
+        }
+        _headers, answer = _http(
+            "POST", f"{self.auth_url}/users/{user_id}/application_credentials", body, token=token
+        )
+        self.app_credential_id = str(answer["application_credential"]["id"])
+        # The fixtures' network, subnets and security group become the osas project's, as if
+        # it had made them.
+        neutron = self._case.neutron
+        fixtures_project_id = self._case.fixtures_project_id
+        for store in (neutron._networks, neutron._subnets, neutron._security_groups):
+            for item in _snapshot(store):
+                if item.get("project_id") == fixtures_project_id:
+                    item["project_id"] = item["tenant_id"] = project_id
 
     def _serve(self) -> None:
+        from keystonemiddleware import auth_token  # noqa: PLC0415 - with Nova's configuration
+
         case = self._case
         front = _Front(
-            self.keystone,
             case.api_fixture.app(),
             functools.partial(_snapshot, case.glance.images),
             case.neutron,
             self._admin_hook,
+            # Options from [keystone_authtoken], as Nova's own pipeline reads them.
+            lambda app: auth_token.AuthProtocol(app, {}),
         )
         server = _ThreadingWSGIServer((HOST, self._requested_port), _QuietHandler)
         server.set_app(front)
@@ -1358,14 +1267,26 @@ class RealNova(_AdminHelpers):
         self._thread.start()
 
     def _admin_hook(self, action: str, body: Any) -> Any:
+        arguments = body if isinstance(body, dict) else {}
         if action == "projects":
-            name = str((body or {}).get("name") or "")
+            name = str(arguments.get("name") or "")
             if not name:
                 raise _HTTPError(400, {"error": {"code": 400, "message": "name is required"}})
             return self.add_project(name)
+        if action == "keystone":
+            lifetime = arguments.get("token_lifetime")
+            if lifetime is not None and not isinstance(lifetime, int):
+                raise _HTTPError(400, {"error": {"code": 400, "message": "seconds or null"}})
+            self.set_token_lifetime(lifetime)
+            return {"token_lifetime": self._keystone().token_lifetime}
         raise _HTTPError(404, {"error": {"code": 404, "message": f"no action {action}"}})
 
     # -- what tests use --------------------------------------------------------------------------
+
+    def _keystone(self) -> keystone_server.KeystoneProcess:
+        if self.keystone is None:
+            raise RuntimeError("RealNova is not started")
+        return self.keystone
 
     @property
     def port(self) -> int:
@@ -1379,7 +1300,7 @@ class RealNova(_AdminHelpers):
 
     @property
     def auth_url(self) -> str:
-        return f"{self.base_url}/identity/v3"
+        return self._keystone().auth_url
 
     @property
     def clouds_yaml(self) -> Path:
@@ -1390,7 +1311,7 @@ class RealNova(_AdminHelpers):
 
     @property
     def project_id(self) -> str:
-        return PROJECT_ID
+        return self._project_id
 
     @property
     def nova(self) -> Any:
@@ -1398,17 +1319,26 @@ class RealNova(_AdminHelpers):
         ``.neutron``...), for what the HTTP API cannot do."""
         return self._case
 
+    def set_token_lifetime(self, seconds: int | None) -> None:
+        """Keystone's ``[token] expiration`` from now on (None: the options' own), Keystone
+        restarted with it (some 2 s) on the same port, keys and database: tokens already issued
+        keep the expiry they were issued with."""
+        keystone = self._keystone()
+        lifetime = self.options.token_lifetime if seconds is None else seconds
+        if lifetime != keystone.token_lifetime:
+            keystone.restart(token_lifetime=lifetime)
+
     def cloud_entry(self, kind: str = CLOUD) -> dict[str, Any]:
         auth: dict[str, Any] = {"auth_url": self.auth_url}
         if kind == APPCRED_CLOUD:
             auth.update(
-                application_credential_id=APP_CREDENTIAL_ID,
+                application_credential_id=self.app_credential_id,
                 application_credential_secret=APP_CREDENTIAL_SECRET,
             )
         else:
             admin = kind == ADMIN_CLOUD
             auth.update(
-                username="admin" if admin else USER_NAME,
+                username=ADMIN_USER_NAME if admin else USER_NAME,
                 password=ADMIN_PASSWORD if admin else USER_PASSWORD,
                 project_name=PROJECT_NAME,
                 user_domain_name=DOMAIN_NAME,
@@ -1430,16 +1360,20 @@ class RealNova(_AdminHelpers):
         _write_private_yaml(self.clouds_yaml, {"clouds": clouds})
 
     def add_project(self, name: str) -> dict[str, Any]:
-        """A new project with a member user ``name`` (password ``name``-secret), added to
-        clouds.yaml as cloud ``realnova-<name>``: a clean slate for one test. Nova learns of
-        the project from its first request."""
-        user = self.keystone.add_user(name, f"{name}-secret", name)
+        """A new project in Keystone with a member user ``name`` (password ``name``-secret),
+        added to clouds.yaml as cloud ``realnova-<name>``: a clean slate for one test. Nova
+        learns of the project from its first request."""
+        admin = self._admin()
+        password = f"{name}-secret"
+        project_id = admin.create_project(name)
+        user_id = admin.create_user(name, password)
+        admin.grant(project_id, user_id, "member")
         cloud = f"{CLOUD}-{name}"
         self._extra_clouds[cloud] = {
             "auth": {
                 "auth_url": self.auth_url,
                 "username": name,
-                "password": user.password,
+                "password": password,
                 "project_name": name,
                 "user_domain_name": DOMAIN_NAME,
                 "project_domain_name": DOMAIN_NAME,
@@ -1449,17 +1383,20 @@ class RealNova(_AdminHelpers):
             "identity_api_version": 3,
         }
         self._write_clouds_yaml()
-        return {"cloud": cloud, "project_id": user.project_id, "user_id": user.user_id}
+        return {"cloud": cloud, "project_id": project_id, "user_id": user_id}
 
     def describe(self) -> dict[str, Any]:
+        keystone = self._keystone()
         return {
             "base_url": self.base_url,
             "auth_url": self.auth_url,
+            "keystone_log": str(keystone.log_path),
+            "token_lifetime": keystone.token_lifetime,
             "clouds_yaml": str(self.clouds_yaml),
             "cloud": CLOUD,
             "appcred_cloud": APPCRED_CLOUD,
             "admin_cloud": ADMIN_CLOUD,
-            "project_id": PROJECT_ID,
+            "project_id": self.project_id,
             "project_name": PROJECT_NAME,
             "image": IMAGE_NAME,
             "image_id": self.image_id,
@@ -1490,8 +1427,8 @@ READY_PREFIX = "realnova: ready "
 
 class RealNovaProcess(_AdminHelpers):
     """``RealNova`` in a child interpreter (this file run as a script), for tests. ``python``
-    is the interpreter to run it with (one where ``nova`` is installed); ``log_path`` receives
-    Nova's stderr."""
+    is the interpreter to run it with (one where ``nova`` and ``keystone`` are installed);
+    ``log_path`` receives Nova's stderr, ``workdir/keystone/keystone.log`` Keystone's log."""
 
     def __init__(
         self,
@@ -1611,6 +1548,11 @@ class RealNovaProcess(_AdminHelpers):
         """As ``RealNova.add_project``: a fresh project and a ``realnova-<name>`` cloud."""
         return self._admin().call("POST", "/_realnova/projects", {"name": name})
 
+    def set_token_lifetime(self, seconds: int | None) -> None:
+        """As ``RealNova.set_token_lifetime``: Keystone restarted with a new ``[token]
+        expiration`` (None: the options' own)."""
+        self._admin().call("POST", "/_realnova/keystone", {"token_lifetime": seconds})
+
 
 # ================================================================================================
 # python cloud.py
@@ -1619,7 +1561,8 @@ class RealNovaProcess(_AdminHelpers):
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="realnova", description="Real Nova (from its functional-test fixtures) on 127.0.0.1"
+        prog="realnova",
+        description="Real Nova (from its functional-test fixtures) and Keystone on 127.0.0.1",
     )
     parser.add_argument("--port", type=int, default=0, help="0 (default): a free port")
     parser.add_argument("--clouds-yaml", type=Path, help="where to write clouds.yaml")
@@ -1636,6 +1579,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-recheck-quota", action="store_true")
     parser.add_argument("--flavors", help="flavors as JSON (name, vcpus, ram_mib, disk_gib...)")
     parser.add_argument("--log-level", default="WARNING")
+    parser.add_argument(
+        "--token-lifetime",
+        type=int,
+        default=keystone_server.DEFAULT_TOKEN_LIFETIME,
+        help="Keystone's [token] expiration, in seconds",
+    )
     parser.add_argument(
         "--parent-pid", type=int, help="stop when this process is gone (orphaned by a test run)"
     )
@@ -1663,6 +1612,7 @@ def _options_from_args(args: argparse.Namespace) -> NovaOptions:
         flavors=flavors,
         recheck_quota=not args.no_recheck_quota,
         log_level=args.log_level,
+        token_lifetime=args.token_lifetime,
     )
 
 
@@ -1698,7 +1648,6 @@ def main(argv: list[str] | None = None) -> int:
         while not stop.wait(0.5):
             if args.parent_pid and os.getppid() != args.parent_pid:
                 break  # whoever started us is gone (a test run killed with -9, say)
-    return 0
 
 
 if __name__ == "__main__":

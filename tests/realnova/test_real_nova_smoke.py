@@ -1,6 +1,7 @@
 """Smoke tests against real Nova (``nox -s nova``): unmodified openstacksdk through clouds.yaml,
 then osas's own OpenStack adapter. Nova runs in a child process started from the pinned wheel's
-functional-test fixtures (see ``realnova/cloud.py``); everything stays on 127.0.0.1.
+functional-test fixtures, real Keystone in another (see ``realnova/cloud.py``); everything stays
+on 127.0.0.1.
 
 Skipped where the ``nova`` package is not installed (the main test venv)."""
 
@@ -27,6 +28,7 @@ import openstack
 import openstack.config
 import openstack.connection
 import openstack.exceptions
+import requests
 from openstack import utils as sdk_utils
 from realnova.cloud import (
     ADMIN_CLOUD,
@@ -128,6 +130,7 @@ def test_discovery_and_catalog(nova, conn):
     assert compute.max_microversion >= (2, 100)
     assert conn.image.get_endpoint().rstrip("/") == f"{nova.base_url}/image/v2"
     assert conn.network.get_endpoint().rstrip("/") == f"{nova.base_url}/network/v2.0"
+    assert conn.endpoint_for("identity").rstrip("/") == nova.auth_url  # Keystone's own port
     assert conn.current_project_id == nova.project_id
     # What osas resolves by name, under the names its configs use.
     assert conn.image.find_image(IMAGE_NAME).id == nova.info["image_id"]
@@ -135,6 +138,34 @@ def test_discovery_and_catalog(nova, conn):
     flavors = {f.name: f for f in conn.compute.flavors()}
     assert {"m1.small", "m1.medium", "m1.large", "g1.xlarge"} <= set(flavors)
     assert (flavors["m1.small"].vcpus, flavors["m1.small"].ram) == (1, 2048)
+
+
+def test_every_token_is_checked_with_keystone(nova):
+    """keystonemiddleware in nova-api's pipeline and in front of the facades, as in
+    production, but without its cache of validated tokens: a token Keystone has revoked is
+    refused at once."""
+    servers = f"{nova.base_url}/compute/v2.1/servers"
+    images = f"{nova.base_url}/image/v2/images"
+    anonymous = requests.get(servers, timeout=30)
+    assert anonymous.status_code == 401
+    keystone = nova.auth_url.removesuffix("/v3")
+    assert anonymous.headers["WWW-Authenticate"] == f'Keystone uri="{keystone}"'
+    assert requests.get(images, timeout=30).status_code == 401
+    own = connect(nova)
+    try:
+        token = {"X-Auth-Token": own.session.get_token()}
+    finally:
+        own.close()
+    assert requests.get(servers, headers=token, timeout=30).status_code == 200
+    assert requests.get(images, headers=token, timeout=30).status_code == 200
+    revoked = requests.delete(
+        f"{nova.auth_url}/auth/tokens",
+        headers={**token, "X-Subject-Token": token["X-Auth-Token"]},
+        timeout=30,
+    )
+    assert revoked.status_code == 204
+    assert requests.get(servers, headers=token, timeout=30).status_code == 401
+    assert requests.get(images, headers=token, timeout=30).status_code == 401
 
 
 def test_microversion_negotiated_at_least_2_52(conn):
