@@ -176,15 +176,24 @@ def test_a_documented_user_error_ends_in_its_line_and_exit_code(osas, tmp_path, 
 
 def interrupted(osas: Path, command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """The command, then Ctrl-C (SIGINT, as a terminal sends it) once it is waiting."""
+    # As a terminal's foreground job gets it: a shell that started these tests in the
+    # background (`cmd &` without job control) hands SIGINT down ignored, and an ignored
+    # signal stays ignored across exec, where a handler is reset to the default.
+    inherited = signal.getsignal(signal.SIGINT)
+    if inherited is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OS_", "OSAS_"))}
-    process = subprocess.Popen(
-        [str(osas), *command.split()[1:]],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    try:
+        process = subprocess.Popen(
+            [str(osas), *command.split()[1:]],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     time.sleep(3)
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=30)
