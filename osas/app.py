@@ -9,14 +9,11 @@ calls run in daemon threads, so nothing holds the process) and the cloud client 
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import hashlib
-import logging
-import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 import structlog
@@ -24,12 +21,21 @@ from prometheus_client import CollectorRegistry, Counter, GCCollector, ProcessCo
 
 from osas import __version__
 from osas.cloud.errors import CloudConfigurationError, CloudError
+from osas.cloud.metrics import CloudMetrics
+from osas.cloud.openstack import OpenStackCloud
 from osas.cloud.port import Cloud
-from osas.config import RELOADABLE, ConfigError, OsasConfig, load_config
+from osas.config import (
+    ConfigError,
+    OsasConfig,
+    load_config,
+    reloaded,
+    restart_only_changes,
+    startup_summary,
+)
 from osas.domain.inventory import Inventory
 from osas.engine.collector import EngineCollector
 from osas.engine.controller import Controller
-from osas.engine.events import follow
+from osas.engine.events import carry_out
 from osas.engine.metrics import EngineMetrics
 from osas.engine.queue import TaskQueue
 from osas.engine.reconciler import Reconciler
@@ -41,76 +47,10 @@ from osas.service.server import ProviderServer
 
 logger = structlog.get_logger(__name__)
 
-LogFormat = Literal["json", "console"]
-_QUIET_LIBRARIES = ("keystoneauth", "keystoneauth1", "openstack", "urllib3", "stevedore")
 _FIRST_SYNC_MAX_BACKOFF = 30.0
-_M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8  # mallopt's parameters (malloc.h)
 
 
-def configure_logging(level: str = "info", fmt: LogFormat = "json") -> None:
-    """structlog for our own events, and the same rendering for stdlib loggers (domain, grpc)."""
-    shared: list[structlog.types.Processor] = [
-        structlog.contextvars.merge_contextvars,
-        structlog.stdlib.add_log_level,
-        structlog.stdlib.add_logger_name,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
-    ]
-    renderer: structlog.types.Processor = (
-        structlog.processors.JSONRenderer()
-        if fmt == "json"
-        else structlog.dev.ConsoleRenderer(colors=False)
-    )
-    structlog.configure(
-        # Events below the level are dropped first, not formatted and then thrown away: a
-        # debug line per call (GetOptions answers UNIMPLEMENTED per node per loop) costs nothing.
-        processors=[
-            structlog.stdlib.filter_by_level,
-            *shared,
-            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
-        ],
-        logger_factory=structlog.stdlib.LoggerFactory(),
-        wrapper_class=structlog.stdlib.BoundLogger,
-        cache_logger_on_first_use=True,
-    )
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        structlog.stdlib.ProcessorFormatter(
-            foreign_pre_chain=shared,
-            processors=[
-                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                structlog.processors.format_exc_info,
-                renderer,
-            ],
-        )
-    )
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    # Python's warnings and grpc's Python logger ("grpc._cython...") reach stderr through this
-    # handler too, as JSON like every other line (gRPC's C core is silenced in __main__).
-    logging.captureWarnings(capture=True)
-    # Their debug output carries request bodies and token fingerprints: never below WARNING.
-    for name in _QUIET_LIBRARIES:
-        logging.getLogger(name).setLevel(max(logging.WARNING, root.level))
-
-
-def _tune_process() -> None:
-    """glibc raises its mmap threshold each time a large block is freed, and then serves the
-    megabyte-sized pages of every listing from per-thread heaps that never shrink: at 50,000
-    servers that holds some 20 MB for good. Fixed at glibc's default, with two heaps, such
-    blocks go back to the system when freed. Nothing to do on other C libraries."""
-    # Worker threads parse listings in Python: the event loop gets the GIL back within a
-    # millisecond of asking, not the default five.
-    sys.setswitchinterval(0.001)
-    try:
-        libc = ctypes.CDLL(None)
-        libc.mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
-        libc.mallopt(_M_ARENA_MAX, 2)
-    except (OSError, AttributeError):
-        return
-
-
-async def _guarded(name: str, run: Callable[[], Awaitable[None]]) -> None:
+async def _essential(name: str, run: Callable[[], Awaitable[None]]) -> None:
     """Run a background loop; if it dies, say so loudly and take the process down with it,
     rather than serve from an inventory nobody updates."""
     try:
@@ -136,6 +76,13 @@ def _digest(path: Path | None) -> str | None:
         return None
 
 
+def openstack_cloud(config: OsasConfig, registry: CollectorRegistry | None = None) -> Cloud:
+    """The cloud osas runs against: OpenStack through openstacksdk (tests hand ``App`` a fake
+    of their own). With a registry, its requests are counted there (the app's)."""
+    metrics = CloudMetrics(registry) if registry is not None else None
+    return OpenStackCloud(config.openstack_settings(), metrics=metrics)
+
+
 class App:
     """One osas process: inventory, queue, workers, reconciler, controller, gRPC servers, and
     the metrics registry every part records into (give the cloud adapter the same one)."""
@@ -159,7 +106,7 @@ class App:
         settings = config.engine_settings()
         self.settings = settings
         self.inventory = Inventory(cluster, config.ledger_settings())
-        self.queue = TaskQueue(settings.queue_capacity)
+        self.queue = TaskQueue(settings.queue.capacity)
         metrics = EngineMetrics(self.registry, cluster)
         self._engine_metrics = metrics
         self._reloads = Counter(
@@ -184,7 +131,7 @@ class App:
             queue=self.queue,
             reconciler=self.reconciler,
             census=Census(self.inventory),
-            workers=settings.workers,
+            workers=settings.queue.workers,
             clock=anyio.current_time,
             readiness=self.readiness,
             rejected_certificate_reloads=self._rejected_reloads,
@@ -269,7 +216,7 @@ class App:
             )
             self._reloads.labels("rejected").inc()
             return "rejected"
-        restart_only = self.config.restart_only_changes(new)
+        restart_only = restart_only_changes(self.config, new)
         if restart_only:
             logger.warning(
                 "configuration changes that need a restart are not applied",
@@ -298,13 +245,11 @@ class App:
             logger.warning("flavors of reloaded node groups not fetched yet", error=str(exc))
             flavors = [(spec, None) for spec in fresh]
             self.reconciler.want_flavors(spec.group_id for spec in fresh)
-        self.config = self.config.model_copy(
-            update={name: getattr(config, name) for name in RELOADABLE}
-        )
-        steps = self.inventory.ledger.use_cluster(cluster, anyio.current_time())
+        self.config = reloaded(self.config, config)
+        orders = self.inventory.ledger.use_cluster(cluster, anyio.current_time())
         for spec, flavor in flavors:
             self.inventory.snapshot.set_flavor(spec.group_id, flavor)
-        follow(steps, self.queue, self._engine_metrics)
+        carry_out(orders, self.queue, self._engine_metrics)
         self._engine_metrics.add_groups(cluster)
         self.workers.report_unfilled_placeholders()
         self.reconciler.nudge()  # flavors that could not be fetched, and a fresh review
@@ -324,7 +269,7 @@ class App:
     async def _first_sync(self) -> None:
         """Check the cloud and list it; retried until OpenStack answers. A cloud that cannot be
         used as configured (credentials, microversion) stops the process instead."""
-        delay = self.settings.retry_backoff
+        delay = self.settings.reconcile.retry_backoff
         while True:
             try:
                 described = await self.cloud.verify()
@@ -343,7 +288,11 @@ class App:
     async def run(self) -> None:
         """Run until ``stop``; ``serving`` is set once health says SERVING. Stopping works at
         any point, also while the first sync is still waiting for OpenStack."""
-        logger.info("settings", **self.config.summary())
+        logger.info("settings", **startup_summary(self.config))
+        if self.config.cloud_backend is not None:
+            logger.warning(
+                "cloud_backend is retired and ignored: osas runs against OpenStack; remove it"
+            )
         self.workers.report_unfilled_placeholders()
         await self.server.start()
         try:
@@ -363,15 +312,14 @@ class App:
                 await self.cloud.close()
 
     async def _start_serving(self, background: anyio.abc.TaskGroup) -> None:
-        _tune_process()
         await self._first_sync()
         # What exists now (modules, the inventory) lives as long as the process: the garbage
         # collector's full passes skip it, instead of walking it for tens of milliseconds.
         gc.freeze()
-        background.start_soon(_guarded, "workers", self._run_workers)
-        background.start_soon(_guarded, "reconciler", self.reconciler.run_reconciler)
+        background.start_soon(_essential, "workers", self._run_workers)
+        background.start_soon(_essential, "reconciler", self.reconciler.run_reconciler)
         if self.config_path is not None:
-            background.start_soon(_guarded, "config watcher", self.run_config_watcher)
+            background.start_soon(_essential, "config watcher", self.run_config_watcher)
         await self.server.set_serving()
         self.serving.set()
 

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 import structlog
 
-from osas.app import configure_logging
+from osas.process import configure_logging
+from osas.sim import SimulatedOpenStack
+from osas.sim.model import FakeNova
 
 # Tests are not a package: make tests/support.py importable from every test module.
 sys.path.insert(0, str(Path(__file__).parent))
@@ -20,3 +22,10 @@ def logs_at_debug():
     yield
     logging.getLogger().handlers.clear()
     structlog.reset_defaults()
+
+
+@pytest.fixture
+def sim():
+    """The simulated OpenStack on 127.0.0.1 (modules with needs of their own define theirs)."""
+    with SimulatedOpenStack(FakeNova()) as simulated:
+        yield simulated

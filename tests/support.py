@@ -17,6 +17,7 @@ import grpc
 import pytest
 import trustme
 import yaml
+from fake_cloud import FakeCloud
 from prometheus_client import CollectorRegistry
 
 from osas.app import App
@@ -29,7 +30,6 @@ from osas.domain.limits import NodeInfo
 from osas.domain.servers import META_CLUSTER, META_GROUP, TAG_CLUSTER_PREFIX
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.sim import SimulatedOpenStack
-from osas.sim.cloud import FakeCloud
 from osas.sim.model import FakeNova, FakeServer
 
 CLUSTER = "testc"
@@ -43,7 +43,6 @@ def config_data(**overrides: Any) -> dict[str, Any]:
         "listen": "127.0.0.1:0",
         "health_listen": "127.0.0.1:0",
         "insecure": True,
-        "cloud_backend": "fake",
         "reconcile": {
             "interval": "1h",
             "full_resync_interval": "1h",
@@ -79,6 +78,12 @@ def config_data(**overrides: Any) -> dict[str, Any]:
     }
     data.update(overrides)
     return data
+
+
+def config_on(sim: SimulatedOpenStack, **overrides: Any) -> dict[str, Any]:
+    """``config_data`` for an osas that reaches ``sim`` over HTTP with its default user, as
+    ``osas serve`` runs (it has no in-memory cloud to be pointed at)."""
+    return config_data(**{"openstack": {"auth": sim.clouds_yaml_entry()["auth"]}, **overrides})
 
 
 # A node group of what `osas sim` offers, for the lanes that run a real osas process against it.
@@ -381,12 +386,15 @@ def read_events(
 
 @contextlib.contextmanager
 def osas_serve(
-    config: Path | str, *args: str, env: dict[str, str] | None = None
+    config: Path | str,
+    *args: str,
+    env: dict[str, str] | None = None,
+    python_flags: tuple[str, ...] = (),
 ) -> Iterator[subprocess.Popen[str]]:
     """``osas serve`` as an operator runs it: a process of its own, JSON events on stderr;
-    killed if still running when the block ends."""
+    killed if still running when the block ends. ``python_flags`` go to the interpreter."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "osas", "serve", "--config", str(config), *args],
+        [sys.executable, *python_flags, "-m", "osas", "serve", "--config", str(config), *args],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,

@@ -6,6 +6,7 @@ import uuid
 
 import grpc
 import pytest
+from fake_cloud import FakeCloud
 from structlog.testing import capture_logs
 from support import (
     CLUSTER,
@@ -21,7 +22,6 @@ from support import (
 
 from osas.domain.servers import META_CLUSTER, META_GROUP, TAG_CLUSTER_PREFIX
 from osas.protocol import externalgrpc_pb2 as pb
-from osas.sim.cloud import FakeCloud
 from osas.sim.model import FakeNova
 
 NOT_FOUND = grpc.StatusCode.NOT_FOUND

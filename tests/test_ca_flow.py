@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from fake_cloud import FakeCloud
 from support import (
     CLUSTER,
     ca_client,
@@ -18,7 +19,6 @@ from support import (
 
 from osas.domain.servers import META_CLUSTER, META_GROUP, TAG_CLUSTER_PREFIX
 from osas.protocol import externalgrpc_pb2 as pb
-from osas.sim.cloud import FakeCloud
 from osas.sim.model import FakeNova
 
 RUNNING = pb.InstanceStatus.instanceRunning

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,7 +14,15 @@ import grpc
 import openstack
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from support import config_data, make_config, osas_serve, read_events, running, write_config
+from support import (
+    config_data,
+    config_on,
+    make_config,
+    osas_serve,
+    read_events,
+    running,
+    write_config,
+)
 
 from osas import __version__
 from osas.demo.client import ClientTls, connect
@@ -30,8 +39,8 @@ def test_version():
     assert result.stdout.strip() == f"osas {__version__}"
 
 
-def test_serve_answers_then_stops_gracefully_on_sigterm(tmp_path):
-    config = write_config(tmp_path, config_data())
+def test_serve_answers_then_stops_gracefully_on_sigterm(tmp_path, sim):
+    config = write_config(tmp_path, config_on(sim))
     with osas_serve(str(config)) as process:
         events = read_events(process, "health SERVING", time.monotonic() + 20)
         listening = next(e for e in events if e["event"] == "grpc listening")
@@ -96,7 +105,6 @@ def test_check_config_finds_a_missing_flavor_and_network(tmp_path):
         group = config_data()["node_groups"][0]
         broken = {**group, "id": "broken", "flavor": "m9.huge", "networks": ["no-such-net"]}
         data = config_data(
-            cloud_backend="openstack",
             openstack={"cloud": "osas-sim"},
             node_groups=[{**group, "key_name": "ops", "security_groups": ["default"]}, broken],
         )
@@ -125,7 +133,7 @@ def test_check_config_waits_for_a_cloud_that_is_still_starting(tmp_path):
     clouds = tmp_path / "clouds.yaml"
     config = write_config(
         tmp_path,
-        config_data(cloud_backend="openstack", openstack={"cloud": "osas-sim"}),
+        config_data(openstack={"cloud": "osas-sim"}),
     )
     env = {**os.environ, "OS_CLIENT_CONFIG_FILE": str(clouds)}
     command = [sys.executable, "-m", "osas", "check-config", "--config", str(config)]
@@ -203,3 +211,49 @@ async def test_osas_certs_make_a_working_mtls_pair(tmp_path):
         )
         async with connect(f"localhost:{provider.app.server.port}", client) as ca:
             assert {g.id for g in await ca.node_groups()} == {"workers", "gpu"}
+
+
+KITS = ("osas.sim", "osas.demo", "osas.bench")
+
+
+def test_osas_serve_never_imports_the_kits(tmp_path, sim):
+    """The simulator, the demo and the benchmark are imported only by the commands that run
+    them: ``osas serve``, from start through a scale-up to SIGTERM, loads none of them.
+    ``python -X importtime`` lists every import as it happens, lazy ones included."""
+    config = write_config(tmp_path, config_on(sim))
+    imported: list[str] = []
+    events: list[str] = []
+    with osas_serve(config, python_flags=("-X", "importtime")) as process:
+        assert process.stderr is not None
+        stderr = process.stderr
+
+        def read_until(event: str, deadline: float) -> dict:
+            while time.monotonic() < deadline:
+                line = stderr.readline()
+                if not line:
+                    break
+                if line.startswith("import time:"):
+                    imported.append(line.rpartition("|")[2].strip())
+                    continue
+                parsed = json.loads(line)
+                events.append(parsed["event"])
+                if parsed["event"] == event:
+                    return parsed
+            raise AssertionError(f"no {event!r} event; got {events}")
+
+        listening = read_until("grpc listening", time.monotonic() + 30)
+        read_until("health SERVING", time.monotonic() + 30)
+        with grpc.insecure_channel(f"127.0.0.1:{listening['port']}") as channel:
+            stub = pb_grpc.CloudProviderStub(channel)
+            stub.Refresh(pb.RefreshRequest(), timeout=5)
+            stub.NodeGroupIncreaseSize(
+                pb.NodeGroupIncreaseSizeRequest(id="workers", delta=1), timeout=5
+            )
+        read_until("server created", time.monotonic() + 30)
+        process.send_signal(signal.SIGTERM)
+        read_until("grpc stopped", time.monotonic() + 30)
+        assert process.wait(timeout=20) == 0
+    # What serve does import shows up: the listing is complete.
+    assert {"osas.cli", "osas.app", "osas.engine.workers", "openstack"} <= set(imported)
+    loaded_kits = [m for m in imported if any(m == k or m.startswith(f"{k}.") for k in KITS)]
+    assert loaded_kits == []

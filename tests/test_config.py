@@ -16,9 +16,8 @@ import yaml
 from support import config_data, write_config
 
 import osas.cli
-import osas.config as schema
 from osas.cloud.openstack_settings import OpenStackSettings
-from osas.config import ConfigError, OsasConfig, load_config
+from osas.config import ConfigError, OsasConfig, load_config, schema
 from osas.domain.ledger import LedgerSettings
 from osas.domain.specs import (
     BootVolume,
@@ -30,7 +29,7 @@ from osas.domain.specs import (
     Taint,
     TaintEffect,
 )
-from osas.engine.settings import EngineSettings
+from osas.engine.settings import EngineSettings, QueueSettings, ReconcileSettings
 from osas.service.settings import ServerSettings, TlsFiles, TransportSettings
 
 SERVER_UUID = "0b7f1d2e-3c4a-4b5c-8d6e-7f8091a2b3c4"
@@ -636,7 +635,7 @@ def test_env_overrides_nested_value(tmp_path, monkeypatch):
     config = load(tmp_path, config_data())
     assert config.queue.capacity == 7
     assert config.queue.workers == 2  # the rest of the block still comes from the file
-    assert config.engine_settings().queue_capacity == 7
+    assert config.engine_settings().queue.capacity == 7
 
 
 def test_env_overrides_top_level_value(tmp_path, monkeypatch):
@@ -750,12 +749,13 @@ def test_provider_id_format(tmp_path, region, provider_id):
 def test_engine_settings_from_valid_config(tmp_path):
     settings = load(tmp_path, config_data()).engine_settings()
     assert settings == EngineSettings(
-        queue_capacity=50,
-        workers=2,
-        reconcile_interval=3600.0,
-        full_resync_interval=3600.0,
-        max_inventory_age=7200.0,
-        retry_backoff=0.01,
+        queue=QueueSettings(capacity=50, workers=2),
+        reconcile=ReconcileSettings(
+            interval=3600.0,
+            full_resync_interval=3600.0,
+            max_inventory_age=7200.0,
+            retry_backoff=0.01,
+        ),
     )
 
 
@@ -763,11 +763,11 @@ def test_engine_settings_defaults(tmp_path):
     data = config_data()
     del data["reconcile"], data["queue"]
     settings = load(tmp_path, data).engine_settings()
-    assert (settings.queue_capacity, settings.workers) == (1000, 10)
-    assert settings.reconcile_interval == 10.0
-    assert settings.full_resync_interval == 600.0
-    assert settings.max_inventory_age == 180.0
-    assert settings.retry_backoff == 1.0
+    assert (settings.queue.capacity, settings.queue.workers) == (1000, 10)
+    assert settings.reconcile.interval == 10.0
+    assert settings.reconcile.full_resync_interval == 600.0
+    assert settings.reconcile.max_inventory_age == 180.0
+    assert settings.reconcile.retry_backoff == 1.0
 
 
 # What the file offers and the value it becomes are built from one list of names: a key added to
@@ -783,14 +783,46 @@ VALUE_CLASSES = [
     (schema.TransportConfig, TransportSettings, {"max_message_bytes"}),
     # The backoff follows reconcile.retry_backoff; the rest are the adapter's own.
     (schema.OpenStackConfig, OpenStackSettings, {"backoff", "backoff_max", "resolve_ttl"}),
+    (schema.TlsConfig, TlsFiles, set()),
+    (schema.QueueConfig, QueueSettings, {"delete_attempts"}),
+]
+# The ledger's own memory and attempts: not settings an operator needs.
+LEDGER_OWN = {"create_attempts", "removed_memory", "given_up_memory"}
+# Blocks that feed several value classes: each field of each class is offered by the block
+# (or named here as the class's own), and every key of the block lands in one of them.
+SHARED_BLOCKS = [
+    (
+        schema.ReconcileConfig,
+        [(ReconcileSettings, {"changes_since_overlap"}), (LedgerSettings, LEDGER_OWN)],
+    ),
+    (
+        schema.OsasConfig,
+        [
+            (ClusterSpec, set()),
+            (ServerSettings, set()),
+            (EngineSettings, set()),
+        ],
+    ),
 ]
 
 
 @pytest.mark.parametrize(("model", "value", "not_offered"), VALUE_CLASSES)
 def test_file_keys_and_value_fields_are_one_list(model, value, not_offered):
-    fields = {item.name for item in dataclasses.fields(value)}
+    fields = {item.name for item in dataclasses.fields(value) if item.init}
     assert set(model.model_fields) <= fields
     assert fields - set(model.model_fields) == not_offered
+
+
+@pytest.mark.parametrize(("model", "values"), SHARED_BLOCKS)
+def test_a_block_feeding_several_value_classes_names_fields_alike(model, values):
+    offered = set(model.model_fields)
+    landed: set[str] = set()
+    for value, own in values:
+        fields = {item.name for item in dataclasses.fields(value) if item.init}
+        assert fields - offered == own, value
+        landed |= fields & offered
+    if model is schema.ReconcileConfig:
+        assert landed == offered  # nothing of the block is dropped on the way
 
 
 def test_defaults_are_the_value_classes_own(tmp_path):
@@ -805,7 +837,7 @@ def test_defaults_are_the_value_classes_own(tmp_path):
     engine = EngineSettings()
     assert loaded.engine_settings() == engine
     assert loaded.ledger_settings() == LedgerSettings()
-    assert loaded.openstack_settings() == OpenStackSettings(backoff=engine.retry_backoff)
+    assert loaded.openstack_settings() == OpenStackSettings(backoff=engine.reconcile.retry_backoff)
     server = loaded.server_settings()
     assert server.transport == TransportSettings()
     defaults = {item.name: item.default for item in dataclasses.fields(ServerSettings)}
@@ -909,3 +941,12 @@ def test_cli_serve_without_config_exits_2(capsys, restore_logging, no_start):
     assert "--config" in err
     assert "OSAS_CONFIG" in err
     assert no_start == []
+
+
+def test_a_file_of_an_earlier_release_with_cloud_backend_still_loads(tmp_path):
+    """``cloud_backend`` is retired: ``openstack`` (all it ever meant in production) still
+    loads; ``fake``, which pointed osas at an in-memory cloud, is refused and says why."""
+    assert load(tmp_path, config_data(cloud_backend="openstack")).cloud_backend == "openstack"
+    with pytest.raises(ConfigError, match="'fake' is no longer offered") as refused:
+        load(tmp_path, config_data(cloud_backend="fake"))
+    assert "remove cloud_backend" in str(refused.value)

@@ -98,7 +98,6 @@ def seed_running(sim: SimulatedOpenStack, count: int, group: str = "big") -> set
 def sim_config(tmp_path, sim: SimulatedOpenStack, **overrides):
     """A configuration file for osas against ``sim``, reloadable: (data, path)."""
     values = {
-        "cloud_backend": "openstack",
         "openstack": {"auth": sim.clouds_yaml_entry()["auth"], "api_timeout": "5s"},
         "node_groups": [BIG],
         "queue": {"capacity": 50, "workers": 2},

@@ -39,8 +39,8 @@ from osas.domain.ledger import (
     EventKind,
     InDoubt,
     LedgerSettings,
-    Next,
     NotSent,
+    Orders,
     Refused,
 )
 from osas.domain.limits import MAX_NODE_ID_LENGTH
@@ -144,14 +144,23 @@ def fake_node(instance_id: str) -> tuple[str, str]:
     return (instance_id, instance_id)
 
 
-def full_sync(inv: Inventory, *servers: Server, now: float = 100.0) -> Next:
+def settle_full(inv: Inventory, generation: int, listed, now: float) -> Orders:
+    """A complete listing begun at ``generation`` that showed exactly ``listed``, settled as the
+    reconciler settles one: by its difference from the snapshot."""
+    listed = list(listed)
+    shown = {server.server_id for server in listed}
+    gone = [server_id for server_id in inv.snapshot.ids() if server_id not in shown]
+    return inv.ledger.settle_complete(generation, listed, gone, now)
+
+
+def full_sync(inv: Inventory, *servers: Server, now: float = 100.0) -> Orders:
     """A complete listing, begun now and settled at once."""
-    return inv.ledger.settle_full(inv.ledger.begin_sync(), servers, now)
+    return settle_full(inv, inv.ledger.begin_sync(), servers, now)
 
 
 def changes(
     inv: Inventory, changed: list[Server], gone: list[str] | None = None, now: float = 100.0
-) -> Next:
+) -> Orders:
     """An incremental listing, begun now and settled at once."""
     return inv.ledger.settle_changes(inv.ledger.begin_sync(), changed, gone or [], now)
 
@@ -197,24 +206,26 @@ def in_doubt(inv: Inventory, group_id: str = "workers", now: float = NOW) -> str
     return request_id
 
 
-def mark(inv: Inventory, *server_ids: str, group_id: str = "workers", now: float = 101.0) -> Next:
+def mark(inv: Inventory, *server_ids: str, group_id: str = "workers", now: float = 101.0) -> Orders:
     """CA's DeleteNodes of listed servers, accepted."""
     return inv.ledger.accept_delete(DeletePlan(group_id, servers=server_ids), now)
 
 
-def give_up(inv: Inventory, request_id: str, group_id: str = "workers", now: float = 101.0) -> Next:
+def give_up(
+    inv: Inventory, request_id: str, group_id: str = "workers", now: float = 101.0
+) -> Orders:
     """CA's DeleteNodes of the placeholder of a create being sent or in doubt, accepted."""
     return inv.ledger.accept_delete(DeletePlan(group_id, give_ups=(request_id,)), now)
 
 
-def cancel(inv: Inventory, request_id: str, now: float = 101.0) -> Next:
+def cancel(inv: Inventory, request_id: str, now: float = 101.0) -> Orders:
     """CA's DecreaseTargetSize of a queued create, accepted."""
     return inv.ledger.accept_decrease(DecreasePlan(failures=(), cancels=(request_id,)), now)
 
 
 def remove_failure(
     inv: Inventory, request_id: str, group_id: str = "workers", now: float = 101.0
-) -> Next:
+) -> Orders:
     """CA's DeleteNodes of the placeholder of a failed create, accepted."""
     return inv.ledger.accept_delete(DeletePlan(group_id, failures=(request_id,)), now)
 
@@ -657,7 +668,7 @@ def test_failed_create_ids_are_stable():
 
 def test_instances_use_the_regional_form():
     srv = server()
-    inv = inventory(cluster(provider_ids=ProviderIdFormat("RegionOne")), srv)
+    inv = inventory(cluster(provider_id_region="RegionOne"), srv)
     assert [i.instance_id for i in inv.instances("workers")] == [
         f"openstack://RegionOne/{srv.server_id}"
     ]
@@ -711,12 +722,12 @@ def test_server_gone_from_listing_drops_its_deleting_mark():
     inv = inventory(None, a, b)
     mark(inv, a.server_id, b.server_id)
     assert inv.ledger.deleting_ids() == sorted([a.server_id, b.server_id])
-    steps = full_sync(inv, b, now=110.0)
+    orders = full_sync(inv, b, now=110.0)
     assert inv.ledger.deleting_ids() == [b.server_id]
-    assert steps.count(EventKind.SERVER_DELETED) == 1
-    steps = changes(inv, [], [b.server_id], now=120.0)
+    assert orders.count(EventKind.SERVER_DELETED) == 1
+    orders = changes(inv, [], [b.server_id], now=120.0)
     assert inv.ledger.deleting_ids() == []
-    assert steps.count(EventKind.SERVER_DELETED) == 1
+    assert orders.count(EventKind.SERVER_DELETED) == 1
 
 
 def test_mark_on_unlisted_server_kept_by_older_sync_dropped_by_newer():
@@ -724,7 +735,7 @@ def test_mark_on_unlisted_server_kept_by_older_sync_dropped_by_newer():
     unseen = str(uuid.uuid4())
     older = inv.ledger.begin_sync()
     mark(inv, unseen, now=101.0)
-    inv.ledger.settle_full(older, [], 102.0)
+    settle_full(inv, older, [], 102.0)
     assert inv.ledger.deleting_ids() == [unseen]
     full_sync(inv, now=103.0)
     assert inv.ledger.deleting_ids() == []
@@ -766,8 +777,8 @@ def test_created_create_settles_once_listed():
     request_id, srv = created(inv)
     assert state(inv, request_id) is CreateState.CREATED
     assert inv.ledger.create_of_server(srv.server_id) is not None
-    steps = full_sync(inv, srv, now=110.0)
-    assert steps.count(EventKind.CREATE_SETTLED) == 1
+    orders = full_sync(inv, srv, now=110.0)
+    assert orders.count(EventKind.CREATE_SETTLED) == 1
     assert inv.ledger.create(request_id) is None
     assert inv.ledger.create_of_server(srv.server_id) is None
     assert inv.target_size("workers") == 1
@@ -779,8 +790,8 @@ def test_created_create_settles_by_request_id():
     request_id, _ = created(inv)
     # The listing shows the create's server under another id (its answer was unreliable).
     listed = server(request_id=request_id)
-    steps = changes(inv, [listed], now=110.0)
-    assert steps.count(EventKind.CREATE_SETTLED) == 1
+    orders = changes(inv, [listed], now=110.0)
+    assert orders.count(EventKind.CREATE_SETTLED) == 1
     assert inv.ledger.create(request_id) is None
     assert inv.target_size("workers") == 1
     assert [i.instance_id for i in inv.instances("workers")] == [pid(listed)]
@@ -802,8 +813,8 @@ def test_in_flight_create_listed_by_request_id_is_not_counted_twice():
 def test_created_create_absent_from_later_full_sync_is_dropped():
     inv = inventory()
     request_id, _ = created(inv)
-    steps = full_sync(inv, now=110.0)
-    assert steps.count(EventKind.CREATE_VANISHED) == 1
+    orders = full_sync(inv, now=110.0)
+    assert orders.count(EventKind.CREATE_VANISHED) == 1
     assert inv.ledger.create(request_id) is None
     assert inv.target_size("workers") == 0
     assert inv.instances("workers") == []
@@ -813,8 +824,8 @@ def test_created_create_absent_from_earlier_sync_is_kept():
     inv = inventory()
     older = inv.ledger.begin_sync()
     request_id, srv = created(inv)
-    steps = inv.ledger.settle_full(older, [], 110.0)
-    assert steps.count(EventKind.CREATE_VANISHED) == 0
+    orders = settle_full(inv, older, [], 110.0)
+    assert orders.count(EventKind.CREATE_VANISHED) == 0
     assert inv.ledger.create(request_id) is not None
     assert inv.target_size("workers") == 1
     # An incremental listing proves nothing about absence either.
@@ -841,9 +852,9 @@ def test_failed_create_stays_failed_and_its_server_is_deleted_when_it_shows_up()
     assert failure.state is CreateState.FAILED
     assert inv.target_size("workers") == 1
     listed = server(request_id=request_id)
-    steps = full_sync(inv, listed, now=110.0)
-    assert steps.deletes == (DeleteOrder(listed.server_id, "workers", DeleteReason.ORPHAN),)
-    assert steps.count(EventKind.CREATE_SETTLED) == 0
+    orders = full_sync(inv, listed, now=110.0)
+    assert orders.deletes == (DeleteOrder(listed.server_id, "workers", DeleteReason.ORPHAN),)
+    assert orders.count(EventKind.CREATE_SETTLED) == 0
     assert inv.ledger.failures_of("workers") == [failure]
     assert inv.ledger.deleting_ids() == [listed.server_id]
     assert inv.target_size("workers") == 1
@@ -859,7 +870,7 @@ def test_failed_create_whose_server_is_already_listed_is_not_counted():
     request_id = sending(inv)
     listed = server(status="BUILD", request_id=request_id)
     full_sync(inv, listed, now=110.0)
-    assert inv.ledger.finish_create(request_id, Refused(QUOTA), NOW) == Next()
+    assert inv.ledger.finish_create(request_id, Refused(QUOTA), NOW) == Orders()
     assert inv.ledger.failures_of("workers") == []
     assert inv.target_size("workers") == 1
     assert [i.instance_id for i in inv.instances("workers")] == [pid(listed)]
@@ -883,17 +894,17 @@ def test_ledger_updates_on_unknown_requests_are_harmless():
     stranger = server()
     ledger = inv.ledger
     assert ledger.take_create(unknown) is None
-    assert ledger.finish_create(unknown, Created(stranger), NOW) == Next()
-    assert ledger.finish_create(unknown, Refused(QUOTA), NOW) == Next()
-    assert ledger.finish_create(unknown, NotSent(UNREACHABLE), NOW) == Next()
-    assert ledger.finish_create(unknown, InDoubt("read timeout"), NOW) == Next()
+    assert ledger.finish_create(unknown, Created(stranger), NOW) == Orders()
+    assert ledger.finish_create(unknown, Refused(QUOTA), NOW) == Orders()
+    assert ledger.finish_create(unknown, NotSent(UNREACHABLE), NOW) == Orders()
+    assert ledger.finish_create(unknown, InDoubt("read timeout"), NOW) == Orders()
     assert ledger.accept_decrease(DecreasePlan(failures=(unknown,), cancels=(unknown,)), 101.0) == (
-        Next()
+        Orders()
     )
     plan = DeletePlan("workers", failures=(unknown,), cancels=(unknown,), give_ups=(unknown,))
-    assert ledger.accept_delete(plan, 101.0) == Next()
+    assert ledger.accept_delete(plan, 101.0) == Orders()
     for outcome in (DeleteOutcome.SENT, DeleteOutcome.FAILED, DeleteOutcome.NOT_OURS):
-        assert ledger.finish_delete(stranger.server_id, outcome, 101.0) == Next()
+        assert ledger.finish_delete(stranger.server_id, outcome, 101.0) == Orders()
     assert ledger.deleting_ids() == []
     assert inv.target_size("workers") == 0
     assert inv.instances("workers") == []
@@ -911,7 +922,7 @@ def test_given_up_create_that_fails_reports_nothing():
     inv = inventory()
     request_id = sending(inv)
     give_up(inv, request_id)
-    assert inv.ledger.finish_create(request_id, Refused(QUOTA), NOW) == Next()
+    assert inv.ledger.finish_create(request_id, Refused(QUOTA), NOW) == Orders()
     assert inv.ledger.create(request_id) is None
     assert inv.ledger.failures_of("workers") == []
     assert inv.instances("workers") == []
@@ -1275,8 +1286,8 @@ def test_plan_delete_of_created_create_takes_it_out_of_the_target():
     plan = plan_delete(spec, inv, "workers", [fake_node(pid(unlisted))])
     assert plan.servers == (unlisted.server_id,)
     assert plan.removals == 1
-    steps = inv.ledger.accept_delete(plan, 101.0)
-    assert steps.deletes == (DeleteOrder(unlisted.server_id, "workers", DeleteReason.REQUESTED),)
+    orders = inv.ledger.accept_delete(plan, 101.0)
+    assert orders.deletes == (DeleteOrder(unlisted.server_id, "workers", DeleteReason.REQUESTED),)
     assert inv.target_size("workers") == 0
     assert inv.ledger.deleting_ids() == [unlisted.server_id]
     # The create is given up and no listing has shown its server: nothing left to report.
@@ -1335,7 +1346,7 @@ def test_plan_delete_repeat_after_given_up_create_failed():
     plan = plan_delete(spec, inv, "workers", [fake_node(placeholder)])
     assert plan.give_ups == (flying,)
     inv.ledger.accept_delete(plan, 101.0)
-    assert inv.ledger.finish_create(flying, Refused(QUOTA), NOW) == Next()
+    assert inv.ledger.finish_create(flying, Refused(QUOTA), NOW) == Orders()
     plan = plan_delete(spec, inv, "workers", [fake_node(placeholder)])
     assert plan.repeats == 1
 
@@ -1346,8 +1357,8 @@ def test_give_up_of_created_create_survives_the_sync_that_lists_it():
     _, srv = created(inv)
     inv.ledger.accept_delete(plan_delete(spec, inv, "workers", [fake_node(pid(srv))]), 101.0)
     assert inv.target_size("workers") == 0
-    steps = full_sync(inv, srv, now=110.0)
-    assert steps.deletes == ()  # marked already: not ordered twice
+    orders = full_sync(inv, srv, now=110.0)
+    assert orders.deletes == ()  # marked already: not ordered twice
     assert inv.target_size("workers") == 0
     assert inv.instances("workers") == [Instance(pid(srv), InstanceState.DELETING)]
 
@@ -1355,7 +1366,7 @@ def test_give_up_of_created_create_survives_the_sync_that_lists_it():
 # -- ledger invariants ----------------------------------------------------------------------------
 
 
-def orders(*servers: Server, reason: DeleteReason) -> tuple[DeleteOrder, ...]:
+def delete_orders(*servers: Server, reason: DeleteReason) -> tuple[DeleteOrder, ...]:
     return tuple(DeleteOrder(s.server_id, s.group_id, reason) for s in servers)
 
 
@@ -1368,16 +1379,16 @@ def test_take_create_hands_out_each_send_once_and_never_after_in_doubt():
     assert taken.sends == 1
     assert inv.ledger.take_create(request_id) is None  # one send at a time
     # Proof that Nova never saw it: it may be sent again, once.
-    assert inv.ledger.finish_create(request_id, NotSent(UNREACHABLE), NOW) == Next(retry=True)
+    assert inv.ledger.finish_create(request_id, NotSent(UNREACHABLE), NOW) == Orders(retry=True)
     again = inv.ledger.take_create(request_id)
     assert again is not None
     assert again.sends == 2
     assert inv.ledger.take_create(request_id) is None
     # Sent, outcome unknown: never POSTed again, whatever comes next.
-    steps = inv.ledger.finish_create(request_id, InDoubt("read timeout"), NOW)
-    assert not steps.retry
+    orders = inv.ledger.finish_create(request_id, InDoubt("read timeout"), NOW)
+    assert not orders.retry
     assert inv.ledger.take_create(request_id) is None
-    doubt_window = inv.ledger.settings.doubt_window
+    doubt_window = inv.ledger.settings.create_doubt_window
     full_sync(inv, now=NOW + doubt_window - 1)
     assert state(inv, request_id) is CreateState.IN_DOUBT
     assert inv.ledger.take_create(request_id) is None
@@ -1392,14 +1403,14 @@ def test_not_sent_create_is_queued_again_until_its_attempts_are_spent():
     request_id = queued(inv)
     for _ in range(settings.create_attempts - 1):
         assert inv.ledger.take_create(request_id) is not None
-        steps = inv.ledger.finish_create(request_id, NotSent(UNREACHABLE), NOW)
-        assert steps == Next(retry=True)
+        orders = inv.ledger.finish_create(request_id, NotSent(UNREACHABLE), NOW)
+        assert orders == Orders(retry=True)
         assert state(inv, request_id) is CreateState.QUEUED
         assert inv.target_size("workers") == 1
     assert inv.ledger.take_create(request_id) is not None
-    steps = inv.ledger.finish_create(request_id, NotSent(UNREACHABLE), NOW)
-    assert not steps.retry
-    assert steps.count(EventKind.CREATE_FAILED) == 1
+    orders = inv.ledger.finish_create(request_id, NotSent(UNREACHABLE), NOW)
+    assert not orders.retry
+    assert orders.count(EventKind.CREATE_FAILED) == 1
     create = inv.ledger.create(request_id)
     assert create is not None
     assert create.state is CreateState.FAILED
@@ -1414,10 +1425,10 @@ def test_in_doubt_create_is_counted_and_reported_creating_without_error():
     spec = cluster()
     inv = inventory(spec)
     request_id = sending(inv)
-    steps = inv.ledger.finish_create(request_id, InDoubt("read timeout"), NOW)
-    assert steps.count(EventKind.CREATE_IN_DOUBT) == 1
-    assert steps.deletes == ()
-    assert not steps.retry
+    orders = inv.ledger.finish_create(request_id, InDoubt("read timeout"), NOW)
+    assert orders.count(EventKind.CREATE_IN_DOUBT) == 1
+    assert orders.deletes == ()
+    assert not orders.retry
     assert state(inv, request_id) is CreateState.IN_DOUBT
     assert inv.target_size("workers") == 1
     placeholder = f"osas://workers/{request_id}"
@@ -1432,24 +1443,24 @@ def test_in_doubt_create_settles_when_a_listing_shows_its_server():
     inv = inventory()
     request_id = in_doubt(inv)
     listed = server(status="BUILD", request_id=request_id)
-    steps = changes(inv, [listed], now=NOW + 10)
-    assert steps.count(EventKind.CREATE_SETTLED) == 1
-    assert steps.count(EventKind.STRAY_ADOPTED) == 0
-    assert steps.deletes == ()
+    orders = changes(inv, [listed], now=NOW + 10)
+    assert orders.count(EventKind.CREATE_SETTLED) == 1
+    assert orders.count(EventKind.STRAY_ADOPTED) == 0
+    assert orders.deletes == ()
     assert inv.ledger.create(request_id) is None
     assert inv.target_size("workers") == 1
     assert inv.instances("workers") == [Instance(pid(listed), InstanceState.CREATING)]
 
 
 def test_in_doubt_create_fails_once_the_doubt_window_passes():
-    inv = inventory(settings=LedgerSettings(doubt_window=30.0))
+    inv = inventory(settings=LedgerSettings(create_doubt_window=30.0))
     request_id = in_doubt(inv, now=100.0)
-    steps = full_sync(inv, now=129.0)
-    assert steps.count(EventKind.CREATE_GIVEN_UP) == 0
+    orders = full_sync(inv, now=129.0)
+    assert orders.count(EventKind.CREATE_GIVEN_UP) == 0
     assert state(inv, request_id) is CreateState.IN_DOUBT
-    steps = changes(inv, [], now=130.0)
-    assert steps.count(EventKind.CREATE_GIVEN_UP) == 1
-    assert steps.count(EventKind.CREATE_FAILED) == 0
+    orders = changes(inv, [], now=130.0)
+    assert orders.count(EventKind.CREATE_GIVEN_UP) == 1
+    assert orders.count(EventKind.CREATE_FAILED) == 0
     create = inv.ledger.create(request_id)
     assert create is not None
     assert create.state is CreateState.FAILED
@@ -1463,7 +1474,9 @@ def test_in_doubt_create_fails_once_the_doubt_window_passes():
     assert full_sync(inv, now=131.0).count(EventKind.CREATE_GIVEN_UP) == 0  # reported once
     # Its server turning up after all is an orphan: the failure stays as reported.
     late = server(request_id=request_id)
-    assert full_sync(inv, late, now=140.0).deletes == orders(late, reason=DeleteReason.ORPHAN)
+    assert full_sync(inv, late, now=140.0).deletes == delete_orders(
+        late, reason=DeleteReason.ORPHAN
+    )
     assert state(inv, request_id) is CreateState.FAILED
 
 
@@ -1482,15 +1495,15 @@ def test_create_given_up_while_sent_is_forgotten_and_its_late_server_deleted():
     assert inv.instances("workers") == []
     # Nova answers with the server after all: it goes.
     late = server(status="BUILD", request_id=request_id)
-    steps = inv.ledger.finish_create(request_id, Created(late), 102.0)
-    assert steps.deletes == orders(late, reason=DeleteReason.GIVEN_UP)
-    assert not steps.retry
+    orders = inv.ledger.finish_create(request_id, Created(late), 102.0)
+    assert orders.deletes == delete_orders(late, reason=DeleteReason.GIVEN_UP)
+    assert not orders.retry
     assert inv.ledger.deleting_ids() == [late.server_id]
     assert inv.target_size("workers") == 0
     # The listing that shows it orders nothing more.
-    steps = full_sync(inv, late, now=110.0)
-    assert steps.deletes == ()
-    assert steps.count(EventKind.CREATE_SETTLED) == 0
+    orders = full_sync(inv, late, now=110.0)
+    assert orders.deletes == ()
+    assert orders.count(EventKind.CREATE_SETTLED) == 0
     assert inv.target_size("workers") == 0
     assert inv.instances("workers") == [Instance(pid(late), InstanceState.DELETING)]
 
@@ -1548,10 +1561,10 @@ def test_server_listed_for_a_request_not_wanted_is_an_orphan(make):
     request_id = make(inv)
     target = inv.target_size("workers")
     orphan = server(request_id=request_id)
-    steps = full_sync(inv, orphan, now=110.0)
-    assert steps.deletes == orders(orphan, reason=DeleteReason.ORPHAN)
-    assert steps.count(EventKind.STRAY_ADOPTED) == 0
-    assert steps.count(EventKind.CREATE_SETTLED) == 0
+    orders = full_sync(inv, orphan, now=110.0)
+    assert orders.deletes == delete_orders(orphan, reason=DeleteReason.ORPHAN)
+    assert orders.count(EventKind.STRAY_ADOPTED) == 0
+    assert orders.count(EventKind.CREATE_SETTLED) == 0
     assert inv.target_size("workers") == target  # never counted
     assert inv.ledger.deleting_ids() == [orphan.server_id]
     # Nova's late answer for it, or the next listing, orders nothing more.
@@ -1563,18 +1576,18 @@ def test_target_never_counts_a_request_twice():
     inv = inventory()
     request_id = sending(inv)
     listed = server(status="BUILD", request_id=request_id)
-    steps = full_sync(inv, listed, now=110.0)
-    assert steps.count(EventKind.CREATE_SETTLED) == 1
+    orders = full_sync(inv, listed, now=110.0)
+    assert orders.count(EventKind.CREATE_SETTLED) == 1
     assert inv.ledger.create(request_id) is None
     assert inv.target_size("workers") == 1
     # Nova's answer arrives after the listing: a no-op, the server is not a duplicate.
-    assert inv.ledger.finish_create(request_id, Created(listed), 111.0) == Next()
+    assert inv.ledger.finish_create(request_id, Created(listed), 111.0) == Orders()
     assert inv.ledger.create(request_id) is None
     assert inv.ledger.create_of_server(listed.server_id) is None
     assert inv.ledger.deleting_ids() == []
     assert inv.target_size("workers") == 1
-    steps = full_sync(inv, listed, now=120.0)
-    assert steps == Next()
+    orders = full_sync(inv, listed, now=120.0)
+    assert orders == Orders()
     assert inv.target_size("workers") == 1
 
 
@@ -1603,9 +1616,9 @@ def test_two_servers_of_a_request_this_process_sent_keep_one(keep, drop):
         return server(status=status, created=created, server_id=server_id, request_id=request_id)
 
     kept, duplicate = make(*keep), make(*drop)
-    steps = full_sync(inv, duplicate, kept, now=105.0)
-    assert steps.deletes == orders(duplicate, reason=DeleteReason.DUPLICATE)
-    assert steps.count(EventKind.SHARED_REQUEST_KEPT) == 0
+    orders = full_sync(inv, duplicate, kept, now=105.0)
+    assert orders.deletes == delete_orders(duplicate, reason=DeleteReason.DUPLICATE)
+    assert orders.count(EventKind.SHARED_REQUEST_KEPT) == 0
     assert inv.ledger.deleting_ids() == [duplicate.server_id]
     assert inv.target_size("workers") == 1
     assert by_id(inv.instances("workers"))[pid(duplicate)].state is InstanceState.DELETING
@@ -1621,16 +1634,16 @@ def test_servers_of_an_earlier_life_sharing_a_request_id_are_kept_and_reported(l
     shared = [server(request_id=request_id, created=f"2024-05-01T10:0{m}:00Z") for m in range(3)]
     if listing == "first":
         inv = Inventory(cluster())
-        steps = full_sync(inv, *shared)
+        orders = full_sync(inv, *shared)
     else:
         inv = inventory(None, shared[0])
-        steps = (
+        orders = (
             full_sync(inv, *shared, now=110.0)
             if listing == "full"
             else changes(inv, shared[1:], now=110.0)
         )
-    assert steps.deletes == ()
-    assert steps.count(EventKind.SHARED_REQUEST_KEPT) == 1
+    assert orders.deletes == ()
+    assert orders.count(EventKind.SHARED_REQUEST_KEPT) == 1
     assert inv.target_size("workers") == 3
     assert full_sync(inv, *shared, now=120.0).count(EventKind.SHARED_REQUEST_KEPT) == 0
 
@@ -1642,17 +1655,17 @@ def test_duplicate_of_a_create_of_ours_settles_it_once_and_deletes_the_other():
     listed_answer = server(
         status="BUILD", server_id=answered.server_id, request_id=request_id, created=NEW
     )
-    steps = changes(inv, [listed_answer, twin], now=110.0)
-    assert steps.count(EventKind.CREATE_SETTLED) == 1
-    assert steps.count(EventKind.STRAY_ADOPTED) == 0
-    assert steps.deletes == orders(listed_answer, reason=DeleteReason.DUPLICATE)
+    orders = changes(inv, [listed_answer, twin], now=110.0)
+    assert orders.count(EventKind.CREATE_SETTLED) == 1
+    assert orders.count(EventKind.STRAY_ADOPTED) == 0
+    assert orders.deletes == delete_orders(listed_answer, reason=DeleteReason.DUPLICATE)
     assert inv.ledger.create(request_id) is None
     assert inv.target_size("workers") == 1
     # A third server of it, listed later, goes too.
     third = server(request_id=request_id, created="2024-05-01T10:10:00Z")
-    steps = changes(inv, [third], now=120.0)
-    assert steps.deletes == orders(third, reason=DeleteReason.DUPLICATE)
-    assert steps.count(EventKind.STRAY_ADOPTED) == 0
+    orders = changes(inv, [third], now=120.0)
+    assert orders.deletes == delete_orders(third, reason=DeleteReason.DUPLICATE)
+    assert orders.count(EventKind.STRAY_ADOPTED) == 0
     assert inv.target_size("workers") == 1
 
 
@@ -1661,18 +1674,18 @@ def test_late_second_server_of_a_request_listed_at_start_is_kept_not_a_stray():
     first = server(request_id=request_id, created=OLD)
     inv = inventory(None, first)
     late = server(request_id=request_id, created=NEW)
-    steps = changes(inv, [late], now=110.0)
-    assert steps.deletes == ()  # an earlier life's request: reported, never deleted
-    assert steps.count(EventKind.SHARED_REQUEST_KEPT) == 1
-    assert steps.count(EventKind.STRAY_ADOPTED) == 0
+    orders = changes(inv, [late], now=110.0)
+    assert orders.deletes == ()  # an earlier life's request: reported, never deleted
+    assert orders.count(EventKind.SHARED_REQUEST_KEPT) == 1
+    assert orders.count(EventKind.STRAY_ADOPTED) == 0
     assert inv.target_size("workers") == 2
 
 
 def test_servers_of_the_first_full_sync_are_not_strays():
     inv = Inventory(cluster())
-    steps = full_sync(inv, server(request_id=rid()), server())
-    assert steps.count(EventKind.STRAY_ADOPTED) == 0
-    assert steps.deletes == ()
+    orders = full_sync(inv, server(request_id=rid()), server())
+    assert orders.count(EventKind.STRAY_ADOPTED) == 0
+    assert orders.deletes == ()
     assert inv.target_size("workers") == 2
 
 
@@ -1681,11 +1694,11 @@ def test_stray_after_the_first_full_sync_is_adopted_within_max():
     late, bare = server(request_id=rid()), server()
     request_id, answered = created(inv)
     ours = server(server_id=answered.server_id, request_id=request_id)
-    steps = full_sync(inv, *inv.snapshot.servers(), late, bare, ours, now=110.0)
-    assert steps.count(EventKind.STRAY_ADOPTED) == 2
-    adopted = {e.server_id for e in steps.events if e.kind is EventKind.STRAY_ADOPTED}
+    orders = full_sync(inv, *inv.snapshot.servers(), late, bare, ours, now=110.0)
+    assert orders.count(EventKind.STRAY_ADOPTED) == 2
+    adopted = {e.server_id for e in orders.events if e.kind is EventKind.STRAY_ADOPTED}
     assert adopted == {late.server_id, bare.server_id}
-    assert steps.deletes == ()
+    assert orders.deletes == ()
     assert inv.target_size("workers") == 4
     assert full_sync(inv, *inv.snapshot.servers(), now=120.0).count(EventKind.STRAY_ADOPTED) == 0
 
@@ -1702,12 +1715,12 @@ def test_strays_above_max_are_adopted_and_reported_never_deleted(listing):
         server(request_id=rid(), created=f"2024-05-01T10:0{minute}:00Z") for minute in (1, 2, 3)
     )
     if listing == "full":
-        steps = full_sync(inv, a, b, mid, new, old, now=110.0)
+        orders = full_sync(inv, a, b, mid, new, old, now=110.0)
     else:
-        steps = changes(inv, [mid, new, old], now=110.0)
-    assert steps.count(EventKind.STRAY_ADOPTED) == 3
-    assert steps.deletes == ()
-    assert steps.count(EventKind.ABOVE_MAX_KEPT) == 1
+        orders = changes(inv, [mid, new, old], now=110.0)
+    assert orders.count(EventKind.STRAY_ADOPTED) == 3
+    assert orders.deletes == ()
+    assert orders.count(EventKind.ABOVE_MAX_KEPT) == 1
     assert inv.target_size("workers") == 6
     assert full_sync(inv, a, b, mid, new, old, now=120.0).count(EventKind.ABOVE_MAX_KEPT) == 0
 
@@ -1716,18 +1729,18 @@ def test_servers_of_the_first_full_sync_above_max_are_kept():
     spec = cluster(node_group("workers", max_size=2))
     first = [server() for _ in range(3)]
     inv = Inventory(spec)
-    steps = full_sync(inv, *first)
-    assert steps.deletes == ()
-    assert steps.count(EventKind.ABOVE_MAX_KEPT) == 1
+    orders = full_sync(inv, *first)
+    assert orders.deletes == ()
+    assert orders.count(EventKind.ABOVE_MAX_KEPT) == 1
     assert inv.target_size("workers") == 3
-    steps = full_sync(inv, *first, now=110.0)
-    assert steps.deletes == ()
-    assert steps.count(EventKind.ABOVE_MAX_KEPT) == 0  # reported once
+    orders = full_sync(inv, *first, now=110.0)
+    assert orders.deletes == ()
+    assert orders.count(EventKind.ABOVE_MAX_KEPT) == 0  # reported once
     # A stray on top of that is kept too, and the group reported no twice.
     stray = server(request_id=rid())
-    steps = full_sync(inv, *first, stray, now=120.0)
-    assert steps.deletes == ()
-    assert steps.count(EventKind.ABOVE_MAX_KEPT) == 0
+    orders = full_sync(inv, *first, stray, now=120.0)
+    assert orders.deletes == ()
+    assert orders.count(EventKind.ABOVE_MAX_KEPT) == 0
     assert inv.target_size("workers") == 4
 
 
@@ -1736,15 +1749,15 @@ def test_a_stray_adopted_within_max_is_kept_when_max_is_lowered():
     a, b = server(), server()
     inv = inventory(spec, a, b)
     stray = server(request_id=rid())
-    steps = full_sync(inv, a, b, stray, now=110.0)
-    assert steps.count(EventKind.STRAY_ADOPTED) == 1
-    assert steps.deletes == ()
-    steps = inv.ledger.use_cluster(cluster(node_group("workers", max_size=2)), 115.0)
-    assert steps.deletes == ()  # a running node, left for CA's scale-down
-    assert steps.count(EventKind.ABOVE_MAX_KEPT) == 1  # said by the reload itself
-    steps = full_sync(inv, a, b, stray, now=120.0)
-    assert steps.deletes == ()
-    assert steps.count(EventKind.ABOVE_MAX_KEPT) == 0  # and once
+    orders = full_sync(inv, a, b, stray, now=110.0)
+    assert orders.count(EventKind.STRAY_ADOPTED) == 1
+    assert orders.deletes == ()
+    orders = inv.ledger.use_cluster(cluster(node_group("workers", max_size=2)), 115.0)
+    assert orders.deletes == ()  # a running node, left for CA's scale-down
+    assert orders.count(EventKind.ABOVE_MAX_KEPT) == 1  # said by the reload itself
+    orders = full_sync(inv, a, b, stray, now=120.0)
+    assert orders.deletes == ()
+    assert orders.count(EventKind.ABOVE_MAX_KEPT) == 0  # and once
     assert inv.target_size("workers") == 3
 
 
@@ -1765,12 +1778,12 @@ def test_drop_queued_forgets_only_queued_creates():
     doubtful = in_doubt(inv)
     failure = failed(inv)
     created_id, _ = created(inv)
-    steps = inv.ledger.drop_queued(
+    orders = inv.ledger.drop_queued(
         [first, second, flying, doubtful, failure, created_id, rid()], 101.0
     )
-    assert steps.count(EventKind.CREATE_DROPPED) == 2
-    assert [e.request_id for e in steps.events] == [first, second]
-    assert steps.deletes == ()
+    assert orders.count(EventKind.CREATE_DROPPED) == 2
+    assert [e.request_id for e in orders.events] == [first, second]
+    assert orders.deletes == ()
     assert inv.ledger.create(first) is None
     assert inv.ledger.create(second) is None
     assert inv.ledger.take_create(first) is None
@@ -1785,13 +1798,13 @@ def test_finish_delete_gone_drops_the_mark_and_the_server():
     a, b = server(), server()
     inv = inventory(None, a, b)
     mark(inv, a.server_id)
-    steps = inv.ledger.finish_delete(a.server_id, DeleteOutcome.GONE, 102.0)
-    assert steps.deletes == ()
+    orders = inv.ledger.finish_delete(a.server_id, DeleteOutcome.GONE, 102.0)
+    assert orders.deletes == ()
     assert inv.server(a.server_id) is None
     assert inv.ledger.recently_removed(pid(a))
     assert inv.target_size("workers") == 1
-    steps = inv.ledger.settle_changes(inv.ledger.begin_sync(), [], [a.server_id], 103.0)
-    assert steps.count(EventKind.SERVER_DELETED) == 1
+    orders = inv.ledger.settle_changes(inv.ledger.begin_sync(), [], [a.server_id], 103.0)
+    assert orders.count(EventKind.SERVER_DELETED) == 1
     assert inv.ledger.deleting_ids() == []
 
 
@@ -1800,9 +1813,9 @@ def test_finish_delete_not_ours_drops_the_mark_and_keeps_the_server():
     inv = inventory(None, a)
     mark(inv, a.server_id)
     assert inv.target_size("workers") == 0
-    steps = inv.ledger.finish_delete(a.server_id, DeleteOutcome.NOT_OURS, 102.0)
-    assert steps.count(EventKind.DELETE_REFUSED) == 1
-    assert steps.deletes == ()
+    orders = inv.ledger.finish_delete(a.server_id, DeleteOutcome.NOT_OURS, 102.0)
+    assert orders.count(EventKind.DELETE_REFUSED) == 1
+    assert orders.deletes == ()
     assert inv.ledger.deleting_ids() == []
     assert inv.server(a.server_id) == a
     assert inv.target_size("workers") == 1
@@ -1816,7 +1829,7 @@ def test_finish_delete_sent_or_failed_keeps_the_mark(outcome):
     a = server()
     inv = inventory(None, a)
     mark(inv, a.server_id)
-    assert inv.ledger.finish_delete(a.server_id, outcome, 102.0) == Next()
+    assert inv.ledger.finish_delete(a.server_id, outcome, 102.0) == Orders()
     assert inv.ledger.deleting_ids() == [a.server_id]
     assert inv.target_size("workers") == 0
 
@@ -1825,16 +1838,16 @@ def test_mark_on_never_listed_server_dropped_by_full_listing_begun_after_it():
     inv = inventory()
     request_id, answered = created(inv)
     older = inv.ledger.begin_sync()
-    assert mark(inv, answered.server_id, now=101.0).deletes == orders(
+    assert mark(inv, answered.server_id, now=101.0).deletes == delete_orders(
         answered, reason=DeleteReason.REQUESTED
     )
     assert inv.ledger.create(request_id) is None  # given up with its server
     # Neither an incremental listing nor a complete one begun before the mark proves it gone.
     assert changes(inv, [], now=102.0).count(EventKind.SERVER_DELETED) == 0
-    assert inv.ledger.settle_full(older, [], 103.0).count(EventKind.SERVER_DELETED) == 0
+    assert settle_full(inv, older, [], 103.0).count(EventKind.SERVER_DELETED) == 0
     assert inv.ledger.deleting_ids() == [answered.server_id]
-    steps = full_sync(inv, now=104.0)
-    assert steps.count(EventKind.SERVER_DELETED) == 1
+    orders = full_sync(inv, now=104.0)
+    assert orders.count(EventKind.SERVER_DELETED) == 1
     assert inv.ledger.deleting_ids() == []
     assert inv.ledger.recently_removed(pid(answered))
 
@@ -1846,17 +1859,17 @@ def test_unknown_placeholder_is_remembered_and_its_late_server_deleted():
     placeholder = f"osas://workers/{unknown}"
     plan = plan_delete(spec, inv, "workers", [fake_node(placeholder)])
     assert plan.unknown == (unknown,)
-    steps = inv.ledger.accept_delete(plan, 101.0)
-    assert steps.count(EventKind.UNKNOWN_PLACEHOLDER) == 1
-    assert steps.deletes == ()
+    orders = inv.ledger.accept_delete(plan, 101.0)
+    assert orders.count(EventKind.UNKNOWN_PLACEHOLDER) == 1
+    assert orders.deletes == ()
     assert inv.target_size("workers") == 0
     again = plan_delete(spec, inv, "workers", [fake_node(placeholder)])
     assert again.repeats == 1
     assert again.unknown == ()
     late = server(request_id=unknown)
-    steps = full_sync(inv, late, now=110.0)
-    assert steps.deletes == orders(late, reason=DeleteReason.ORPHAN)
-    assert steps.count(EventKind.STRAY_ADOPTED) == 0
+    orders = full_sync(inv, late, now=110.0)
+    assert orders.deletes == delete_orders(late, reason=DeleteReason.ORPHAN)
+    assert orders.count(EventKind.STRAY_ADOPTED) == 0
     assert inv.target_size("workers") == 0
 
 
@@ -1882,8 +1895,8 @@ def test_placeholder_naming_the_wrong_group_leaves_the_other_groups_create_alone
     inv.ledger.accept_delete(plan, 101.0)
     made = server("gpu", "BUILD", request_id=gpu_create)
     assert inv.ledger.finish_create(gpu_create, Created(made), 102.0).deletes == ()
-    steps = full_sync(inv, made, now=110.0)
-    assert steps.deletes == ()
+    orders = full_sync(inv, made, now=110.0)
+    assert orders.deletes == ()
     assert inv.target_size("gpu") == 1
 
 
@@ -1893,11 +1906,11 @@ def test_listing_begun_before_a_delete_went_gone_does_not_bring_the_server_back(
     mark(inv, a.server_id)
     listing = inv.ledger.begin_sync()  # a listing starts; Nova still shows a
     inv.ledger.finish_delete(a.server_id, DeleteOutcome.GONE, 102.0)
-    inv.ledger.settle_full(listing, [a, b], 103.0)
+    settle_full(inv, listing, [a, b], 103.0)
     assert inv.target_size("workers") == 1
     assert by_id(inv.instances("workers"))[pid(a)].state is InstanceState.DELETING
-    steps = full_sync(inv, b, now=104.0)  # a listing begun after the 404
-    assert steps.count(EventKind.SERVER_DELETED) == 1
+    orders = full_sync(inv, b, now=104.0)  # a listing begun after the 404
+    assert orders.count(EventKind.SERVER_DELETED) == 1
     assert inv.ledger.deleting_ids() == []
     assert pid(a) not in by_id(inv.instances("workers"))
 

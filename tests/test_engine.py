@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from fake_cloud import FakeCloud
 from support import CLUSTER, Provider, eventually, make_config, nodes, provider_id, running
 
 from osas.cloud.errors import CloudUnavailable
@@ -12,7 +13,6 @@ from osas.domain.errors import NotReady
 from osas.domain.inventory import InstanceState
 from osas.domain.limits import NodeInfo
 from osas.domain.servers import META_CLUSTER, META_GROUP, TAG_CLUSTER_PREFIX
-from osas.sim.cloud import FakeCloud
 from osas.sim.model import FakeNova
 
 TAG = f"{TAG_CLUSTER_PREFIX}{CLUSTER}"
@@ -28,12 +28,12 @@ async def test_lost_create_answer_does_not_duplicate(tmp_path):
     nova.faults.lost_create_responses = 2  # Nova made the server, the answer never arrived
     async with running(make_config(tmp_path), FakeCloud(nova)) as provider:
         controller = provider.app.controller
-        controller.increase_size("workers", 2)
+        controller.group_to_change("workers").increase_size(2)
         await eventually(lambda: not provider.app.queue.in_hand_count(), what="creates done")
         await provider.sync()
         assert len(nova.live_servers()) == 2
         assert nova.calls["servers.create"] == 2  # looked up by request tag, never re-sent
-        assert controller.target_size("workers") == 2
+        assert controller.group("workers").target_size() == 2
         assert not provider.app.inventory.ledger.failures_of("workers")
 
 
@@ -43,7 +43,7 @@ async def test_restart_mid_scale_up_loses_nothing_and_duplicates_nothing(tmp_pat
     config = make_config(tmp_path, queue={"capacity": 50, "workers": 1})
     first = Provider(config, FakeCloud(nova))
     await first.start()
-    first.app.controller.increase_size("workers", 4)
+    first.app.controller.group_to_change("workers").increase_size(4)
     await eventually(lambda: len(nova.live_servers()) == 2, what="two of four created")
     await first.stop()  # killed mid scale-up: queued creates are dropped, never half-made
     made = {s.server_id for s in nova.live_servers()}
@@ -52,14 +52,14 @@ async def test_restart_mid_scale_up_loses_nothing_and_duplicates_nothing(tmp_pat
     nova.faults.latency = 0.0
     async with running(config, FakeCloud(nova)) as second:
         controller = second.app.controller
-        assert controller.target_size("workers") == len(made)
-        ids = {i.instance_id for i in controller.nodes("workers")}
+        assert controller.group("workers").target_size() == len(made)
+        ids = {i.instance_id for i in controller.group("workers").nodes()}
         assert ids == {provider_id(s) for s in made}
         # CA sees the target short of what it asked and asks again: the rest is created once.
-        controller.increase_size("workers", 4 - len(made))
+        controller.group_to_change("workers").increase_size(4 - len(made))
         await eventually(lambda: len(nova.live_servers()) == 4, what="four servers")
         await second.sync()
-        assert controller.target_size("workers") == 4
+        assert controller.group("workers").target_size() == 4
         assert len({s.name for s in nova.live_servers()}) == 4
 
 
@@ -74,7 +74,7 @@ async def test_incremental_sync_sees_changes_and_our_deletions(tmp_path):
         assert nova.calls["servers.list"] == calls_before + 1
         assert app.inventory.server(added) is not None
         nova.activate()
-        app.controller.delete_nodes("workers", nodes([("kept", provider_id(kept))]))
+        app.controller.group_to_change("workers").delete_nodes(nodes([("kept", provider_id(kept))]))
         await eventually(
             lambda: app.inventory.server(kept) is not None and not nova.get_server(kept)
         )
@@ -82,7 +82,7 @@ async def test_incremental_sync_sees_changes_and_our_deletions(tmp_path):
         # Tag filters hide deleted servers; osas asks for the ones it deletes by id.
         assert app.inventory.server(kept) is None
         assert app.inventory.ledger.deleting_ids() == []
-        assert app.controller.target_size("workers") == 1
+        assert app.controller.group("workers").target_size() == 1
 
 
 async def test_servers_deleted_behind_our_back_vanish_at_the_next_incremental_sync(tmp_path):
@@ -93,7 +93,7 @@ async def test_servers_deleted_behind_our_back_vanish_at_the_next_incremental_sy
         nova.delete_server(gone)
         await provider.sync(full=False)  # untagged changes-since shows it DELETED
         assert provider.app.inventory.server(gone) is None
-        assert provider.app.controller.target_size("workers") == 1
+        assert provider.app.controller.group("workers").target_size() == 1
 
 
 async def test_foreign_servers_are_never_reported_or_deleted(tmp_path):
@@ -112,8 +112,8 @@ async def test_foreign_servers_are_never_reported_or_deleted(tmp_path):
     ]
     async with running(make_config(tmp_path), FakeCloud(nova)) as provider:
         controller = provider.app.controller
-        assert controller.target_size("workers") == 0
-        assert controller.nodes("workers") == []
+        assert controller.group("workers").target_size() == 0
+        assert controller.group("workers").nodes() == []
         for server in look_alikes:
             assert (
                 controller.node_group_for_node(NodeInfo(server.name, provider_id(server.server_id)))
@@ -130,7 +130,9 @@ async def test_delete_refused_when_marks_changed_since_the_sync(tmp_path):
     ours(nova, name="b")
     async with running(make_config(tmp_path), FakeCloud(nova)) as provider:
         nova.get_server(server_id).metadata[META_CLUSTER] = "someone-else"
-        provider.app.controller.delete_nodes("workers", nodes([("a", provider_id(server_id))]))
+        provider.app.controller.group_to_change("workers").delete_nodes(
+            nodes([("a", provider_id(server_id))])
+        )
         await eventually(lambda: not provider.app.queue.in_hand_count(), what="delete handled")
         assert nova.get_server(server_id) is not None
         assert nova.calls["servers.delete"] == 0
@@ -150,7 +152,7 @@ async def test_failed_sync_keeps_inventory_and_refresh_fails_when_stale(tmp_path
         nova.faults.error_rate = 1.0
         with pytest.raises(Exception, match="503"):
             await provider.sync()
-        assert app.controller.target_size("workers") == 1  # last good state still served
+        assert app.controller.group("workers").target_size() == 1  # last good state still served
         app.controller.refresh()  # young enough: CA carries on
         app.inventory.snapshot.listed_at -= 3 * 3600  # three hours without a good sync
         with pytest.raises(NotReady, match="old"):
@@ -193,28 +195,30 @@ async def test_faulty_cloud_scale_up_then_down_converges(tmp_path):
     async with running(config, cloud) as provider:
         app = provider.app
         for _ in range(3):
-            app.controller.increase_size("workers", 3)
+            app.controller.group_to_change("workers").increase_size(3)
         await eventually(lambda: not app.queue.in_hand_count(), what="creates sent")
         # A 5xx leaves a create in doubt: never sent again, reported failed once the window
         # has passed without its server showing up; CA deletes those.
         await asyncio.sleep(0.3)
         await sync_despite_faults(provider)
-        failed = [i for i in app.controller.nodes("workers") if i.error is not None]
+        failed = [i for i in app.controller.group("workers").nodes() if i.error is not None]
         if failed:
-            app.controller.delete_nodes(
-                "workers", nodes([(i.instance_id, i.instance_id) for i in failed])
+            app.controller.group_to_change("workers").delete_nodes(
+                nodes([(i.instance_id, i.instance_id) for i in failed])
             )
         await sync_despite_faults(provider)
         live = {s.server_id for s in nova.live_servers()}
-        assert app.controller.target_size("workers") == len(live)
+        assert app.controller.group("workers").target_size() == len(live)
         assert len({s.name for s in nova.live_servers()}) == len(live)  # no duplicate
         running_ids = [
             i.instance_id
-            for i in app.controller.nodes("workers")
+            for i in app.controller.group("workers").nodes()
             if i.state != InstanceState.DELETING
         ]
-        app.controller.delete_nodes("workers", nodes([("n", pid) for pid in running_ids[1:]]))
-        assert app.controller.target_size("workers") == 1
+        app.controller.group_to_change("workers").delete_nodes(
+            nodes([("n", pid) for pid in running_ids[1:]])
+        )
+        assert app.controller.group("workers").target_size() == 1
         # Deletes that failed for good are sent again by the syncs that still see the server.
         for _ in range(200):
             if len(nova.live_servers()) == 1:
@@ -224,7 +228,7 @@ async def test_faulty_cloud_scale_up_then_down_converges(tmp_path):
         assert len(nova.live_servers()) == 1
         nova.faults.error_rate = 0.0
         await provider.sync()
-        assert app.controller.target_size("workers") == 1
+        assert app.controller.group("workers").target_size() == 1
         assert app.inventory.ledger.deleting_ids() == []
 
 
@@ -243,14 +247,16 @@ async def test_failed_delete_is_sent_again_by_the_reconciler(tmp_path):
     async with running(config, FakeCloud(nova)) as provider:
         app = provider.app
         nova.faults.error_rate = 1.0  # every attempt of the delete fails
-        app.controller.delete_nodes("workers", nodes([("doomed", provider_id(doomed))]))
+        app.controller.group_to_change("workers").delete_nodes(
+            nodes([("doomed", provider_id(doomed))])
+        )
         await eventually(lambda: not app.queue.in_hand_count(), what="delete given up")
         assert nova.get_server(doomed) is not None
-        assert app.controller.target_size("workers") == 1  # still counted as going
+        assert app.controller.group("workers").target_size() == 1  # still counted as going
         nova.faults.error_rate = 0.0
         await asyncio.sleep(0.02)
         await provider.sync()  # sees the server still there, long after it was marked
         await eventually(lambda: nova.get_server(doomed) is None, what="delete sent again")
         await provider.sync()
         assert app.inventory.ledger.deleting_ids() == []
-        assert app.controller.target_size("workers") == 1
+        assert app.controller.group("workers").target_size() == 1

@@ -311,7 +311,6 @@ async def test_quota_in_every_form_is_out_of_resources(tmp_path, fault, message)
 
 def serve_config(tmp_path: Path, sim: SimulatedOpenStack, grace: float) -> Path:
     data = config_data(
-        cloud_backend="openstack",
         openstack={"cloud": CLOUD_NAME, "api_timeout": "30s"},
         node_groups=[group(max_size=200)],
         queue={"capacity": 200, "workers": 4},

@@ -36,8 +36,8 @@ from osas.domain.ledger import (
     EventKind,
     InDoubt,
     LedgerSettings,
-    Next,
     NotSent,
+    Orders,
     Refused,
 )
 from osas.domain.servers import ErrorClass, ErrorInfo, Server
@@ -46,7 +46,7 @@ from osas.domain.specs import ClusterSpec, NodeGroupSpec
 
 MAX_SIZE = 4
 WINDOW = 10.0
-SETTINGS = LedgerSettings(doubt_window=WINDOW, delete_retry_after=5.0)
+SETTINGS = LedgerSettings(create_doubt_window=WINDOW, delete_retry_after=5.0)
 
 
 def cluster(max_size: int) -> ClusterSpec:
@@ -128,20 +128,23 @@ class LedgerMachine(RuleBasedStateMachine):
         listed = self._live()
         self.shown.update(s.server_id for s in listed)
         if full:
-            self._follow(self.ledger.settle_full(generation, listed, self.now))
+            gone = [
+                i for i in self.inventory.snapshot.ids() if i not in {s.server_id for s in listed}
+            ]
+            self._follow(self.ledger.settle_complete(generation, listed, gone, self.now))
         else:
             self._follow(self.ledger.settle_changes(generation, listed, [], self.now))
 
-    def _follow(self, steps: Next) -> None:
-        for order in steps.deletes:
+    def _follow(self, orders: Orders) -> None:
+        for order in orders.deletes:
             assert order.server_id in self.shown or order.server_id in self.nova, order
             if order.reason is DeleteReason.DUPLICATE:
                 # Only a second server of a request this process sent.
                 request_id = self.nova[order.server_id].server.request_id
                 assert request_id in self.sent, order
-        self.deletes.extend(steps.deletes)
+        self.deletes.extend(orders.deletes)
         self.reported_shared.update(
-            e.request_id for e in steps.events if e.kind is EventKind.SHARED_REQUEST_KEPT
+            e.request_id for e in orders.events if e.kind is EventKind.SHARED_REQUEST_KEPT
         )
 
     # -- CA ---------------------------------------------------------------------------------------
@@ -220,10 +223,10 @@ class LedgerMachine(RuleBasedStateMachine):
         """An operator changes max_size: creates not sent beyond it are cancelled (reported
         failed), those in flight finish, no server is deleted."""
         deletes = len(self.deletes)
-        steps = self.ledger.use_cluster(cluster(max_size), self.now)
-        self._follow(steps)
+        orders = self.ledger.use_cluster(cluster(max_size), self.now)
+        self._follow(orders)
         assert len(self.deletes) == deletes  # a reload deletes nothing
-        cancelled = [e.request_id for e in steps.events if e.kind is EventKind.CREATE_CANCELLED]
+        cancelled = [e.request_id for e in orders.events if e.kind is EventKind.CREATE_CANCELLED]
         self.queued = [r for r in self.queued if r not in cancelled]
         self.max_size = max_size
         self.bound = max(self.bound, max_size)
@@ -273,9 +276,9 @@ class LedgerMachine(RuleBasedStateMachine):
             sends += 1
             assert sends <= SETTINGS.create_attempts, "a create was taken again without NotSent"
             result = self._outcome(request_id, outcome)
-            steps = self.ledger.finish_create(request_id, result, self.now)
-            self._follow(steps)
-            if not steps.retry:
+            orders = self.ledger.finish_create(request_id, result, self.now)
+            self._follow(orders)
+            if not orders.retry:
                 break
             outcome = data.draw(st.sampled_from(["created", "not-sent", "doubt-late"]))
             if self.ledger.take_create(request_id) is None:

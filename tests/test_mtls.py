@@ -14,11 +14,11 @@ import grpc
 import pytest
 import structlog
 import trustme
+from fake_cloud import FakeCloud
 from prometheus_client import generate_latest
 from support import Provider, make_config
 
 from osas.demo.client import ClientTls, connect
-from osas.sim.cloud import FakeCloud
 from osas.sim.model import FakeNova
 
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE

@@ -198,7 +198,7 @@ async def test_incremental_sync_sees_creates_updates_and_deletions(sim, tmp_path
     await provider.start()
     try:
         app = provider.app
-        app.controller.increase_size("workers", 1)
+        app.controller.group_to_change("workers").increase_size(1)
         await eventually(lambda: len(sim.nova.live_servers()) == 3, what="server created")
         await provider.sync(full=False)
         created = next(s for s in sim.nova.live_servers() if s.server_id not in {kept, doomed})
@@ -206,12 +206,12 @@ async def test_incremental_sync_sees_creates_updates_and_deletions(sim, tmp_path
         sim.nova.activate(created.server_id)
         await provider.sync(full=False)
         assert app.inventory.server(created.server_id).status == "ACTIVE"
-        app.controller.delete_nodes("workers", nodes([("n", provider_id(doomed))]))
+        app.controller.group_to_change("workers").delete_nodes(nodes([("n", provider_id(doomed))]))
         await eventually(lambda: sim.nova.get_server(doomed) is None, what="deleted in Nova")
         sim.calls.clear()
         await provider.sync(full=False)
         assert app.inventory.server(doomed) is None
-        assert app.controller.target_size("workers") == 2
+        assert app.controller.group("workers").target_size() == 2
         # One incremental listing, untagged: it shows the server DELETED. No look-up.
         assert sim.calls["compute.servers.list"] == 1
         assert sim.calls["compute.servers.get"] == 0
@@ -239,7 +239,7 @@ async def test_foreign_servers_are_never_listed_reported_or_deleted(sim, tmp_pat
     await provider.start()
     try:
         controller = provider.app.controller
-        assert [i.instance_id for i in controller.nodes("workers")] == [provider_id(ours)]
+        assert [i.instance_id for i in controller.group("workers").nodes()] == [provider_id(ours)]
         for server in foreign:
             assert controller.node_group_for_node(NodeInfo(server.name, "")) is None
             assert (

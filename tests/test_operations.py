@@ -30,6 +30,7 @@ from support import (
     big_config,
     ca_client,
     config_data,
+    config_on,
     expect_status,
     osas_serve,
     ours,
@@ -44,7 +45,7 @@ from osas.config import ConfigError, load_config
 from osas.domain.servers import META_CLUSTER, META_GROUP, Fault
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.protocol import externalgrpc_pb2_grpc as pb_grpc
-from osas.service.observer import REQUEST_ID_KEY
+from osas.service.gate import REQUEST_ID_KEY
 from osas.sim import SimulatedOpenStack
 from osas.sim.model import FakeNova
 
@@ -481,8 +482,8 @@ async def test_osas_status_prints_one_screen_from_a_running_osas(tmp_path):
             await provider.stop()
 
 
-def test_one_access_line_per_mutating_call_and_none_for_reads(tmp_path):
-    config = write_config(tmp_path, config_data())
+def test_one_access_line_per_mutating_call_and_none_for_reads(tmp_path, sim):
+    config = write_config(tmp_path, config_on(sim))
     with osas_serve(str(config)) as process:
         events = read_events(process, "health SERVING", time.monotonic() + 20)
         listening = next(e for e in events if e["event"] == "grpc listening")
@@ -547,6 +548,9 @@ def test_metrics_listen_is_validated_like_listen(tmp_path):
         load(listen="127.0.0.1:8086", metrics_listen="127.0.0.1:8086")
     stuck = load(reconcile={"stuck_build_after": "45m", "stuck_delete_after": "5m"})
     settings = stuck.engine_settings()
-    assert (settings.stuck_build_after, settings.stuck_delete_after) == (2700.0, 300.0)
+    assert (settings.reconcile.stuck_build_after, settings.reconcile.stuck_delete_after) == (
+        2700.0,
+        300.0,
+    )
     with pytest.raises(ConfigError, match="stuck_delete_after"):
         load(reconcile={"stuck_delete_after": "0s"})

@@ -10,6 +10,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import anyio
+from fake_cloud import FakeCloud
 from support import (
     BIG,
     CLUSTER,
@@ -33,7 +34,6 @@ from osas.engine.reconciler import Reconciler
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.service.servicer import CloudProviderServicer
 from osas.sim import SimulatedOpenStack
-from osas.sim.cloud import FakeCloud
 from osas.sim.model import FakeNova
 
 AN_HOUR_AGO = datetime.now(UTC) - timedelta(hours=1)
@@ -63,11 +63,11 @@ async def test_an_empty_incremental_sync_leaves_the_inventory_as_it_was(tmp_path
     servers = {s.server_id: s for s in snapshot.servers()}
     generations = {g: inventory.generation(g) for g in ("workers", "gpu")}
 
-    steps = await reconciler.reconcile_once(full=False)
+    orders = await reconciler.reconcile_once(full=False)
 
     assert reconciler.status.incremental_syncs == 1
-    assert steps.deletes == ()
-    assert steps.events == ()
+    assert orders.deletes == ()
+    assert orders.events == ()
     assert {g: inventory.generation(g) for g in ("workers", "gpu")} == generations
     assert len(snapshot) == 50
     assert all(snapshot.get(server_id) is server for server_id, server in servers.items())

@@ -31,6 +31,7 @@ from typing import Any
 import grpc
 import pytest
 import structlog
+from fake_cloud import FakeCloud
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -44,7 +45,6 @@ from osas.domain.servers import META_CLUSTER, META_GROUP, TAG_CLUSTER_PREFIX, Fa
 from osas.domain.template import LABEL_INSTANCE_TYPE
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.protocol import k8s_pb2 as k8s
-from osas.sim.cloud import FakeCloud
 from osas.sim.model import FakeNova
 
 OK = grpc.StatusCode.OK

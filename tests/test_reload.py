@@ -8,11 +8,13 @@ import time
 
 import grpc
 import yaml
+from fake_cloud import FakeCloud
 from support import (
     CLUSTER,
     Provider,
     ca_client,
     config_data,
+    config_on,
     eventually,
     expect_status,
     osas_serve,
@@ -20,11 +22,10 @@ from support import (
     write_config,
 )
 
-from osas.config import load_config
+from osas.config import load_config, restart_only_changes
 from osas.domain.servers import META_CLUSTER, META_GROUP, TAG_CLUSTER_PREFIX
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.protocol import externalgrpc_pb2_grpc as pb_grpc
-from osas.sim.cloud import FakeCloud
 from osas.sim.model import FakeNova
 
 TAG = f"{TAG_CLUSTER_PREFIX}{CLUSTER}"
@@ -115,7 +116,7 @@ async def test_a_restart_only_change_is_reported_not_applied(tmp_path):
         assert provider.app.config.queue.capacity == 50  # as started
         assert provider.app.queue.capacity == 50
         assert provider.app.controller.cluster.group("workers").max_size == 5  # type: ignore[union-attr]
-        assert provider.app.config.restart_only_changes(load_config(path)) == ["queue"]
+        assert restart_only_changes(provider.app.config, load_config(path)) == ["queue"]
     finally:
         await provider.stop()
 
@@ -138,8 +139,8 @@ async def test_the_watcher_picks_a_change_up_by_itself(tmp_path):
         await provider.stop()
 
 
-def test_sighup_reloads_osas_serve(tmp_path):
-    data = config_data()
+def test_sighup_reloads_osas_serve(tmp_path, sim):
+    data = config_on(sim)
     path = write_config(tmp_path, data)
     with osas_serve(path) as process:
         events = read_events(process, "health SERVING", time.monotonic() + 20)

@@ -129,7 +129,7 @@ async def idle_minutes(sim: SimulatedOpenStack, tmp_path, minutes: int) -> Count
     config = load_config(write_config(tmp_path, data))
     cluster = config.cluster_spec()
     settings = config.engine_settings()
-    assert (settings.reconcile_interval, settings.full_resync_interval) == (10.0, 600.0)
+    assert (settings.reconcile.interval, settings.reconcile.full_resync_interval) == (10.0, 600.0)
     now = [0.0]
     inventory = Inventory(cluster)
     cloud = OpenStackCloud(settings_for(sim))
@@ -138,7 +138,7 @@ async def idle_minutes(sim: SimulatedOpenStack, tmp_path, minutes: int) -> Count
         await reconciler.reconcile_once()  # the first, complete sync at start
         sim.calls.clear()
         while now[0] < minutes * 60:
-            now[0] += settings.reconcile_interval
+            now[0] += settings.reconcile.interval
             await reconciler.reconcile_once()
     finally:
         await cloud.close()

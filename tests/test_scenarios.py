@@ -97,7 +97,6 @@ def scenario_config(
     }
     data = config_data(
         cluster_name=cluster,
-        cloud_backend="openstack",
         openstack={"cloud": cloud.cloud_name, "api_timeout": "10s"},
         node_groups=[spec],
         queue={"capacity": 50, "workers": 3},

@@ -7,7 +7,7 @@ import grpc
 import pytest
 from support import Provider, ca_client, make_config
 
-from osas.backend import build_cloud
+from osas.app import openstack_cloud
 from osas.cloud.errors import CloudError
 from osas.cloud.openstack import OpenStackCloud
 from osas.config import load_config
@@ -49,8 +49,8 @@ async def exercise(provider: Provider, sim: SimulatedOpenStack) -> list[str]:
 async def test_no_secret_in_logs_errors_or_debug_strings(tmp_path, capfd, logs_at_debug, method):
     with SimulatedOpenStack(FakeNova(build_seconds=0.1)) as sim:
         auth = sim.clouds_yaml_entry(application_credential=method != "password")["auth"]
-        config = make_config(tmp_path, cloud_backend="openstack", openstack={"auth": auth})
-        provider = Provider(config, build_cloud(config))
+        config = make_config(tmp_path, openstack={"auth": auth})
+        provider = Provider(config, openstack_cloud(config))
         await provider.start()
         try:
             seen = await exercise(provider, sim)
@@ -60,7 +60,7 @@ async def test_no_secret_in_logs_errors_or_debug_strings(tmp_path, capfd, logs_a
         wrong = {
             k: f"{v}-wrong" if "password" in k or "secret" in k else v for k, v in auth.items()
         }
-        wrong_config = make_config(tmp_path, cloud_backend="openstack", openstack={"auth": wrong})
+        wrong_config = make_config(tmp_path, openstack={"auth": wrong})
         adapter = OpenStackCloud(wrong_config.openstack_settings())
         try:
             with pytest.raises(CloudError) as refused:
@@ -84,7 +84,6 @@ async def test_no_secret_in_logs_errors_or_debug_strings(tmp_path, capfd, logs_a
 def test_config_loaded_from_file_keeps_secrets_out_of_its_repr(tmp_path):
     config = make_config(
         tmp_path,
-        cloud_backend="openstack",
         openstack={
             "auth": {
                 "auth_url": "https://keystone.example:5000/v3",

@@ -24,6 +24,7 @@ import openstack
 import openstack.exceptions
 import pytest
 import yaml
+from fake_cloud import FakeCloud
 from openstack.warnings import RemovedInSDK60Warning
 
 from osas.cloud.errors import CreateInDoubt, QuotaExceeded
@@ -35,7 +36,6 @@ from osas.sim import (
     SimulatedOpenStack,
     run_sim,
 )
-from osas.sim.cloud import FakeCloud
 from osas.sim.model import FakeNova
 from osas.sim.routing import timestamp
 

@@ -22,6 +22,7 @@ import yaml
 from support import (
     Provider,
     config_data,
+    config_on,
     make_config,
     os_environment,
     osas_serve,
@@ -29,11 +30,9 @@ from support import (
     write_config,
 )
 
-from osas.backend import build_cloud
+from osas.app import openstack_cloud
 from osas.sim import (
-    APP_CREDENTIAL_ID,
     APP_CREDENTIAL_SECRET,
-    DEFAULT_PASSWORD,
     SimulatedOpenStack,
 )
 from osas.sim.model import FakeNova
@@ -99,9 +98,7 @@ def sim():
 
 
 def on_sim(tmp_path: Path, openstack: dict, **overrides) -> Path:
-    return write_config(
-        tmp_path, config_data(cloud_backend="openstack", openstack=openstack, **overrides)
-    )
+    return write_config(tmp_path, config_data(openstack=openstack, **overrides))
 
 
 # -- the cloud: exit 3 ---------------------------------------------------------------------------
@@ -154,7 +151,7 @@ def test_a_wrong_application_credential_secret(sim, tmp_path):
 
 
 def test_a_pinned_compute_microversion(sim, tmp_path):
-    config = write_config(tmp_path, config_data(cloud_backend="openstack"))
+    config = write_config(tmp_path, config_data())
     environment = os_environment(sim, OS_REGION_NAME="RegionOne", OS_COMPUTE_API_VERSION="2.1")
     line = serve(config, **environment).one_line(EXIT_CLOUD)
     assert "pinned to 2.1" in line
@@ -193,8 +190,8 @@ async def test_an_auth_block_ignores_clouds_yaml_and_os_variables(tmp_path, monk
         monkeypatch.setenv("OS_PROJECT_NAME", other["project_name"])
         monkeypatch.setenv("OS_COMPUTE_API_VERSION", "2.1")
         auth = ours.clouds_yaml_entry(application_credential=True)["auth"]
-        config = make_config(tmp_path, cloud_backend="openstack", openstack={"auth": auth})
-        provider = Provider(config, build_cloud(config))
+        config = make_config(tmp_path, openstack={"auth": auth})
+        provider = Provider(config, openstack_cloud(config))
         await provider.start()  # ready: the first sync went through
         await provider.stop()
     assert sum(elsewhere.calls.values()) == 0
@@ -314,11 +311,12 @@ def test_check_config_fails_on_missing_tls_files(tmp_path):
     assert "Traceback" not in outcome.stdout + outcome.stderr
 
 
-def test_check_config_passes_good_tls_files_and_warns_before_they_expire(tmp_path):
+def test_check_config_passes_good_tls_files_and_warns_before_they_expire(sim, tmp_path):
     soon = dt.datetime.now(dt.UTC) + dt.timedelta(days=3)
     tls = write_tls(tmp_path / "tls", names=("*.kube-system.svc",), not_after=soon)
     tls["server_names"] = ["osas.kube-system.svc"]
-    outcome = osas("check-config", "--config", str(with_tls(tmp_path, tls)))
+    config = write_config(tmp_path, config_on(sim, insecure=False, tls=tls))
+    outcome = osas("check-config", "--config", str(config))
     assert outcome.code == 0, outcome.stdout + outcome.stderr
     assert "tls: ok:" in outcome.stdout
     assert "covers tls.server_names (osas.kube-system.svc)" in outcome.stdout
@@ -336,24 +334,19 @@ def test_check_config_names_a_cloud_that_cannot_be_used(sim, tmp_path):
 # -- what osas says when it does start -----------------------------------------------------------
 
 
-def test_the_settings_event_names_what_runs_and_no_secret(tmp_path):
-    secrets = [DEFAULT_PASSWORD, APP_CREDENTIAL_SECRET, "bootstrap-token-abcdef.0123456789"]
-    data = config_data(
-        openstack={
-            "auth": {
-                "auth_url": "https://keystone.example/v3",
-                "application_credential_id": APP_CREDENTIAL_ID,
-                "application_credential_secret": APP_CREDENTIAL_SECRET,
-            }
-        }
-    )
-    data["node_groups"][0]["user_data"] = f"#cloud-config\ntoken: {secrets[2]}\n"
+def test_the_settings_event_names_what_runs_and_no_secret(tmp_path, sim):
+    secrets = [APP_CREDENTIAL_SECRET, "bootstrap-token-abcdef.0123456789"]
+    # The secret comes from the environment, the rest of the credential from the file.
+    auth = sim.clouds_yaml_entry(application_credential=True)["auth"]
+    assert auth.pop("application_credential_secret") == APP_CREDENTIAL_SECRET
+    data = config_data(openstack={"auth": auth})
+    data["node_groups"][0]["user_data"] = f"#cloud-config\ntoken: {secrets[1]}\n"
     config = write_config(tmp_path, data)
     with osas_serve(
         str(config),
         "--log-level",
         "debug",
-        env=clean_env(OSAS_OPENSTACK__AUTH__PASSWORD=DEFAULT_PASSWORD),
+        env=clean_env(OSAS_OPENSTACK__AUTH__APPLICATION_CREDENTIAL_SECRET=APP_CREDENTIAL_SECRET),
     ) as process:
         events = read_events(process, "health SERVING", time.monotonic() + 20)
         process.send_signal(signal.SIGTERM)
@@ -364,7 +357,7 @@ def test_the_settings_event_names_what_runs_and_no_secret(tmp_path):
     assert settings["listen"] == "127.0.0.1:0"
     assert settings["tls"] == "off (insecure: true)"
     assert settings["openstack"]["auth_type"] == "v3applicationcredential"
-    assert settings["openstack"]["auth_url"] == "https://keystone.example/v3"
+    assert settings["openstack"]["auth_url"] == sim.auth_url
     assert settings["reconcile"]["interval"] == 3600.0
     assert settings["queue"] == {"capacity": 50, "workers": 2}
     assert {
@@ -376,3 +369,16 @@ def test_the_settings_event_names_what_runs_and_no_secret(tmp_path):
     printed = json.dumps(events) + rest
     for secret in secrets:
         assert secret not in printed
+
+
+def test_a_retired_cloud_backend_is_ignored_with_a_warning(tmp_path, sim):
+    """A file written for an earlier release, with ``cloud_backend: openstack``, still
+    starts; the warning says the key can go."""
+    auth = sim.clouds_yaml_entry()["auth"]
+    config = on_sim(tmp_path, {"auth": auth}, cloud_backend="openstack")
+    with osas_serve(str(config), env=clean_env()) as process:
+        events = read_events(process, "health SERVING", time.monotonic() + 30)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+    retired = [e for e in events if e["event"].startswith("cloud_backend is retired")]
+    assert [e["level"] for e in retired] == ["warning"]

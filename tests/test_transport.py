@@ -7,6 +7,7 @@ import asyncio
 import grpc
 import pytest
 import trustme
+from fake_cloud import FakeCloud
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client import CollectorRegistry
@@ -22,9 +23,8 @@ from support import (
 
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.protocol import externalgrpc_pb2_grpc as pb_grpc
+from osas.service.gate import RpcGate
 from osas.service.metrics import RpcMetrics
-from osas.service.observer import RpcObserver
-from osas.sim.cloud import FakeCloud
 from osas.sim.model import FakeNova
 
 SERVICE = pb.DESCRIPTOR.services_by_name["CloudProvider"]
@@ -174,16 +174,16 @@ async def test_reflection_lists_the_provider_service(tmp_path):
 
 async def test_calls_past_max_concurrent_rpcs_are_refused_and_the_rest_served():
     """transport.max_concurrent_rpcs: the calls in progress past it get RESOURCE_EXHAUSTED at
-    once; the ones within it are served. Counted by osas's call observer on a real server."""
+    once; the ones within it are served. Counted by osas's call gate on a real server."""
     release = asyncio.Event()
 
     async def slow(request, context):
         await release.wait()
         return pb.NodeGroupTargetSizeResponse(targetSize=1)
 
-    observer = RpcObserver(SERVICE, RpcMetrics(CollectorRegistry(), METHODS), max_concurrent=2)
+    gate = RpcGate(SERVICE, RpcMetrics(CollectorRegistry(), METHODS), max_concurrent=2)
     handler = grpc.unary_unary_rpc_method_handler(
-        observer.observe("NodeGroupTargetSize", slow),
+        gate.wrap("NodeGroupTargetSize", slow),
         request_deserializer=pb.NodeGroupTargetSizeRequest.FromString,
         response_serializer=pb.NodeGroupTargetSizeResponse.SerializeToString,
     )
@@ -200,13 +200,13 @@ async def test_calls_past_max_concurrent_rpcs_are_refused_and_the_rest_served():
                 asyncio.ensure_future(stub.NodeGroupTargetSize(pb.NodeGroupTargetSizeRequest()))
                 for _ in range(5)
             ]
-            await eventually(lambda: observer.in_flight == 5 or any(c.done() for c in calls))
+            await eventually(lambda: gate.in_flight == 5 or any(c.done() for c in calls))
             await eventually(lambda: sum(c.done() for c in calls) == 3, what="3 refused")
             release.set()
             outcomes = await asyncio.gather(*calls, return_exceptions=True)
         refused = [o for o in outcomes if isinstance(o, grpc.aio.AioRpcError)]
         assert [o.code() for o in refused] == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 3
         assert sum(1 for o in outcomes if not isinstance(o, Exception)) == 2
-        assert observer.in_flight == 0
+        assert gate.in_flight == 0
     finally:
         await server.stop(None)

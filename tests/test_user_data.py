@@ -10,11 +10,11 @@ import json
 import os
 
 import pytest
-from support import Provider, ca_client, config_data, make_config, write_config
+from support import Provider, ca_client, config_data, config_on, make_config, write_config
 
-from osas.backend import build_cloud
+from osas.app import openstack_cloud
 from osas.check import check_user_data
-from osas.config import ConfigError, load_config
+from osas.config import ConfigError, load_config, startup_summary
 from osas.domain.specs import NodeGroupSpec
 from osas.engine.userdata import (
     SecretFiles,
@@ -218,15 +218,15 @@ def warnings_logged(caplog) -> list[dict]:
 
 
 async def test_serve_logs_placeholders_left_as_written_once_per_group_and_template(
-    tmp_path, caplog, logs_at_debug
+    tmp_path, caplog, logs_at_debug, sim
 ):
-    data = config_data()
+    data = config_on(sim)
     data["node_groups"][0]["user_data"] = (
         "#cloud-config\nruncmd:\n  - echo ${forgotten} $${HOME} $uuid ${server_name}\n"
     )
     path = write_config(tmp_path, data)
     config = load_config(path)
-    provider = Provider(config, build_cloud(config), config_path=path)
+    provider = Provider(config, openstack_cloud(config), config_path=path)
     await provider.start()
     try:
         at_start = warnings_logged(caplog)
@@ -358,12 +358,11 @@ async def test_a_secret_in_a_variable_file_reaches_the_server_and_nothing_else( 
         auth = sim.clouds_yaml_entry()["auth"]
         config = make_config(
             tmp_path,
-            cloud_backend="openstack",
             openstack={"auth": auth},
             node_groups=[workers, broken, huge],
         )
         config_text = (tmp_path / "osas.yaml").read_text()
-        provider = Provider(config, build_cloud(config))
+        provider = Provider(config, openstack_cloud(config))
         await provider.start()
         seen: list[str] = []
         try:
@@ -416,7 +415,7 @@ async def test_a_secret_in_a_variable_file_reaches_the_server_and_nothing_else( 
     everything = "\n".join(
         [*seen, captured.out, captured.err, config_text, repr(config), repr(config.cluster_spec())]
     )
-    everything += json.dumps(config.summary())
+    everything += json.dumps(startup_summary(config))
     assert TOKEN not in everything
     assert "sssss" not in everything
 

@@ -25,7 +25,7 @@ def request(count: int, group: str = "workers", **node) -> pb.NodeGroupDeleteNod
 
 async def test_60k_nodes_are_refused_before_decoding(tmp_path):
     async with running(make_config(tmp_path)) as provider:
-        before = provider.app.controller.target_size("workers")
+        before = provider.app.controller.group("workers").target_size()
         async with grpc.aio.insecure_channel(provider.address) as channel:
             stub = pb_grpc.CloudProviderStub(channel)
             details = await expect_status(
@@ -34,7 +34,7 @@ async def test_60k_nodes_are_refused_before_decoding(tmp_path):
         # The domain, which sees decoded requests, would have said "60000 nodes in one
         # request": this refusal never learnt how many there were, as nothing decoded them.
         assert details == "more than 1000 nodes in one request; at most 1000 are accepted"
-        assert provider.app.controller.target_size("workers") == before
+        assert provider.app.controller.group("workers").target_size() == before
         assert provider.nova.calls["servers.delete"] == 0
 
 

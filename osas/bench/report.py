@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from osas.bench.run import Figure, SizeResult
+    from osas.bench.startup import StartupRow
 
 # The targets of issue 10, in the order of its table: (figure key, size it is judged at).
 TARGETS = (
@@ -105,12 +106,60 @@ size the table names (at every size when it names none).
 HEADER = "| measure | target | min | median | max | n | |\n|---|---|---|---|---|---|---|"
 
 
+STARTUP_BEGIN = "<!-- start-up: osas bench, or osas bench --start-up-only -->"
+STARTUP_END = "<!-- end of start-up -->"
+
+
+def startup_section(rows: list[StartupRow], machine: dict[str, str]) -> list[str]:
+    """The start-up table: medians over rounds, and each process next to the bare one."""
+    bare = rows[0]
+    lines = [
+        STARTUP_BEGIN,
+        "## Start-up of `osas serve`",
+        "",
+        (
+            "`osas serve` against the simulated OpenStack (1,000 servers) under `python -X "
+            "importtime`, to SERVING: the time spent importing (the sum over every module, lazy "
+            "imports included), how many modules, how many of them the kits' (simulator, demo, "
+            "benchmark), and the resident memory half a second after SERVING; next to the bare "
+            "interpreter waiting for input. Separate processes taking turns, median of "
+            f"{len(bare.import_ms)} rounds; {machine['date']}."
+        ),
+        "",
+        "| process | import time | vs bare | modules | of them kits | RSS at SERVING | vs bare |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    base_ms, base_rss = bare.median(bare.import_ms), bare.median(bare.rss_mib)
+    for row in rows:
+        import_ms, rss = row.median(row.import_ms), row.median(row.rss_mib)
+        lines.append(
+            f"| {row.label} | {import_ms:.0f} ms | {import_ms / base_ms:.1f}x "
+            f"| {row.median(row.modules):.0f} | {row.median(row.kits):.0f} "
+            f"| {rss:.1f} MiB | {rss / base_rss:.1f}x |"
+        )
+    return [*lines, STARTUP_END]
+
+
+def replace_startup_section(out: Path, rows: list[StartupRow], machine: dict[str, str]) -> None:
+    """Write the start-up section into an existing report, leaving the rest as it is."""
+    text = out.read_text() if out.exists() else "# Benchmarks\n"
+    section = "\n".join(startup_section(rows, machine))
+    if STARTUP_BEGIN in text and STARTUP_END in text:
+        head, _, rest = text.partition(STARTUP_BEGIN)
+        tail = rest.partition(STARTUP_END)[2]
+        text = f"{head}{section}{tail}"
+    else:
+        text = f"{text.rstrip()}\n\n{section}\n"
+    out.write_text(text)
+
+
 def write_report(
     out: Path,
     machine: dict[str, str],
     plan: dict[str, Any],
     results: list[SizeResult],
     creates: Figure,
+    startup: list[StartupRow],
 ) -> None:
     by_size = {result.servers: result for result in results}
     lines = [
@@ -118,7 +167,8 @@ def write_report(
         "",
         (
             "Written by `osas bench` (`nox -s bench`); every figure below comes from the run that "
-            "wrote this page."
+            "wrote this page (the start-up section may come from a later `osas bench "
+            "--start-up-only`, which rewrites that section alone and dates it)."
         ),
         "",
         (
@@ -150,6 +200,7 @@ def write_report(
         ]
         lines += [_row(figure) for figure in result.figures.values()]
         lines.append("")
+    lines += [*startup_section(startup, machine), ""]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines).rstrip() + "\n")
     (out.parent / "benchmarks-latency.svg").write_text(_plot(results))

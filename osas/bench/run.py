@@ -45,8 +45,8 @@ import yaml
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from osas.bench.report import write_report
-from osas.engine.settings import EngineSettings
+from osas.bench.report import replace_startup_section, write_report
+from osas.engine.settings import ReconcileSettings
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.sim.server import DEFAULT_DOMAIN, DEFAULT_PASSWORD, DEFAULT_PROJECT, DEFAULT_USER
 
@@ -355,6 +355,28 @@ class Osas:
             self.process.wait()
 
 
+async def wait_until_serving(
+    health: int, process: subprocess.Popen[bytes], log: Path, *, poll: float
+) -> None:
+    """Return once osas's health service says SERVING; raise with the end of its log if it
+    exits first."""
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{health}")
+    stub = health_pb2_grpc.HealthStub(channel)
+    serving = health_pb2.HealthCheckResponse.SERVING
+    try:
+        while True:
+            if process.poll() is not None:
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+                msg = f"osas exited with {process.returncode}; the end of its log:\n{tail}"
+                raise RuntimeError(msg)
+            with suppress(grpc.aio.AioRpcError):
+                if (await stub.Check(health_pb2.HealthCheckRequest(), timeout=1)).status == serving:
+                    return
+            await asyncio.sleep(poll)
+    finally:
+        await channel.close(None)
+
+
 async def start_osas(
     setup: Setup, name: str, *, resync: str | None = None, metrics: bool = False
 ) -> Osas:
@@ -367,21 +389,7 @@ async def start_osas(
             stdout=subprocess.DEVNULL,
             stderr=stream,
         )
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{health}")
-    stub = health_pb2_grpc.HealthStub(channel)
-    serving = health_pb2.HealthCheckResponse.SERVING
-    try:
-        while True:
-            if process.poll() is not None:
-                tail = "\n".join(log.read_text().splitlines()[-15:])
-                msg = f"osas exited with {process.returncode}; the end of its log:\n{tail}"
-                raise RuntimeError(msg)
-            with suppress(grpc.aio.AioRpcError):
-                if (await stub.Check(health_pb2.HealthCheckRequest(), timeout=1)).status == serving:
-                    break
-            await asyncio.sleep(0.005)
-    finally:
-        await channel.close(None)
+    await wait_until_serving(health, process, log, poll=0.005)
     return Osas(process, port, log, time.perf_counter() - spawned, metrics_port)
 
 
@@ -778,7 +786,7 @@ async def bare_under_listings(plan: Plan, result: SizeResult, setup: Setup, bare
 def traffic(
     result: SizeResult, sim: dict[str, Any], since: int, span: tuple[float, float], resyncs: int
 ) -> None:
-    """Nova's requests and bytes per minute at the default intervals (``EngineSettings``), from
+    """Nova's requests and bytes per minute at the default intervals (``ReconcileSettings``), from
     what one incremental and one complete sync cost in this run."""
     entries = list(sim_get(sim, f"/_bench/log?since={since}")["entries"])
     entries = [e for e in entries if span[0] <= e[0] <= span[1]]
@@ -789,8 +797,8 @@ def traffic(
     # A complete resync makes one changes-since listing too: counted with the incremental.
     per_incremental = statistics.mean(incremental)
     per_resync = sum(other) / resyncs + per_incremental
-    defaults = EngineSettings()
-    incrementals = 60.0 / defaults.reconcile_interval  # a minute's
+    defaults = ReconcileSettings()
+    incrementals = 60.0 / defaults.interval  # a minute's
     resyncs_per_minute = 60.0 / defaults.full_resync_interval
     result.add(
         "nova_bytes", (incrementals * per_incremental + per_resync * resyncs_per_minute) / 1e6
@@ -822,9 +830,9 @@ async def churn_phase(plan: Plan, result: SizeResult, setup: Setup) -> None:
     listings = sum(1 for e in pages if "marker=" not in e[3])
     if not listings:
         return
-    defaults = EngineSettings()
-    per_minute = 60.0 / defaults.reconcile_interval
-    resync_share = defaults.reconcile_interval / defaults.full_resync_interval
+    defaults = ReconcileSettings()
+    per_minute = 60.0 / defaults.interval
+    resync_share = defaults.interval / defaults.full_resync_interval
     resync = result.figures.get("nova_resync_bytes")
     resync_mb = resync.median if resync is not None else 0.0
     per_listing = sum(e[5] for e in pages) / listings / 1e6
@@ -918,23 +926,38 @@ def machine() -> dict[str, str]:
     }
 
 
-async def run(plan: Plan, out: Path) -> None:
+async def run(plan: Plan, out: Path, compare_with: Path | None, *, start_up_only: bool) -> None:
+    # Imported here: the start-up measure is built on this module's helpers.
+    from osas.bench.startup import measure_startup  # noqa: PLC0415
+
     with tempfile.TemporaryDirectory(prefix="osas-bench-") as temporary:
         folder = Path(temporary)
         tls = Tls.make(folder)
+        if start_up_only:
+            startup = await measure_startup(plan.rounds, tls, folder, compare_with)
+            replace_startup_section(out, startup, machine())
+            return
         results = [await measure_size(plan, size, tls, folder) for size in plan.sizes]
         creates = await measure_creates(plan, tls, folder)
-    write_report(out, machine(), dataclasses.asdict(plan), results, creates)
+        startup = await measure_startup(plan.rounds, tls, folder, compare_with)
+    write_report(out, machine(), dataclasses.asdict(plan), results, creates, startup)
 
 
 def run_benchmark(
-    plan: Plan, *, sizes: tuple[int, ...] | None, rounds: int | None, out: Path
+    plan: Plan,
+    *,
+    sizes: tuple[int, ...] | None,
+    rounds: int | None,
+    out: Path,
+    compare_with: Path | None = None,
+    start_up_only: bool = False,
 ) -> int:
-    """``osas bench``: the plan, with the sizes and rounds asked for, and the report written."""
+    """``osas bench``: the plan, with the sizes and rounds asked for, and the report written
+    (``start_up_only``: only its start-up section)."""
     if sizes:
         plan = dataclasses.replace(plan, sizes=sizes)
     if rounds:
         plan = dataclasses.replace(plan, rounds=rounds)
-    asyncio.run(run(plan, out))
+    asyncio.run(run(plan, out, compare_with, start_up_only=start_up_only))
     print(f"written: {out}")  # noqa: T201
     return 0

@@ -1,8 +1,10 @@
-"""Errors a cloud adapter raises. Each adapter translates its own failures into these, once."""
+"""Errors a cloud adapter raises. Each adapter translates its own failures into these, once;
+what a create's failure means for the lifecycle is decided here, once (``create_outcome``)."""
 
 from __future__ import annotations
 
 from osas.domain.errors import OsasError
+from osas.domain.ledger import CreateOutcome, InDoubt, NotSent, Refused
 from osas.domain.servers import ErrorClass, ErrorInfo
 
 
@@ -67,3 +69,21 @@ class CredentialsRefused(CloudConfigurationError):
     nothing with a request it answered 401, so a create refused this way was never made."""
 
     code = "CredentialsRefused"
+
+
+def create_outcome(error: CloudError) -> CreateOutcome:
+    """What a create that failed with ``error`` means, for the ledger: the one table.
+
+    - ``CreateNotSent``: proof Nova never received it; it may be sent again.
+    - ``CredentialsRefused``: a 401, so Nova did nothing; sent again once the credentials
+      work, and not counted as a send (never reported to CA as a failed create).
+    - any other ``CloudUnavailable`` (``CreateInDoubt`` among them): sent, outcome unknown.
+    - anything else: a definite refusal, reported to CA with its error class.
+    """
+    if isinstance(error, CreateNotSent):
+        return NotSent(error.error_info())
+    if isinstance(error, CredentialsRefused):
+        return NotSent(error.error_info(), counts=False)
+    if isinstance(error, CloudUnavailable):
+        return InDoubt(str(error))
+    return Refused(error.error_info())

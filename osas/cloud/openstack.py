@@ -10,8 +10,11 @@ resolved once for all callers. Idempotent calls are retried with jittered expone
 so it is POSTed with keystoneauth's own connect and status-code retries off, whatever
 clouds.yaml says, and its failures are told apart: ``CreateNotSent`` when the request provably
 never left, ``CreateInDoubt`` when Nova may have made the server. All calls share a rate limit.
-Every openstacksdk and keystoneauth error is translated into ``osas.cloud.errors`` in
-``_translate`` and nowhere else; messages are scrubbed of the configured secrets.
+Every openstacksdk and keystoneauth error is translated into ``osas.cloud.errors`` by
+``_translate`` (its table, ``_TRANSLATIONS``), a create's also by ``_create_failure``, which
+tells a transient failure of the POST apart as not sent or in doubt; messages are scrubbed of
+the configured secrets. What a create's failure means for the ledger is decided once, by
+``osas.cloud.errors.create_outcome``.
 """
 
 from __future__ import annotations
@@ -124,7 +127,9 @@ _TRANSLATIONS: tuple[
 
 
 def _translate(exc: Exception, secrets: tuple[str, ...]) -> CloudError:
-    """The one place where openstacksdk and keystoneauth errors become osas errors."""
+    """The one place where openstacksdk and keystoneauth errors become osas errors: the HTTP
+    status, then the table above. A create's POST is told apart further by ``_create_failure``,
+    from what this returns."""
     if isinstance(exc, CloudError):
         return exc
     if isinstance(exc, sdk_exceptions.HttpException):
@@ -178,20 +183,25 @@ def _never_sent(exc: BaseException) -> bool:
 
 
 def _create_failure(exc: Exception, secrets: tuple[str, ...]) -> CloudError:
-    """What a failed create POST means: a definite refusal (an HTTP 4xx), proof that it never
-    left, or doubt: anything else may have happened after Nova stored the server."""
-    if isinstance(exc, CloudError):
-        return exc
-    if isinstance(exc, sdk_exceptions.HttpException):
-        error = _translate_http(exc, secrets)
-        if not isinstance(error, CloudUnavailable):
-            return error
+    """What a failed create POST means. ``_translate`` classifies it as any call's failure; a
+    transient one (``CloudUnavailable``) is then either proof that the request never left
+    (``CreateNotSent``: refused connection, connect timeout, 429) or doubt (``CreateInDoubt``:
+    anything else may have happened after Nova stored the server)."""
+    error = _translate(exc, secrets)
+    if not isinstance(error, CloudUnavailable) or isinstance(error, CreateNotSent | CreateInDoubt):
+        return error
     message = _scrub(str(exc) or type(exc).__name__, secrets)
     if _never_sent(exc) or (
         isinstance(exc, sdk_exceptions.HttpException) and exc.status_code == _HTTP_TOO_MANY_REQUESTS
     ):
         return CreateNotSent(message)
     return CreateInDoubt(message)
+
+
+def _before_create(error: CloudUnavailable) -> CreateNotSent:
+    """A transient failure before a create's POST (name look-ups, token, endpoint): the create
+    itself was never sent."""
+    return CreateNotSent(f"before sending the create: {error}")
 
 
 def _fault(value: object) -> Fault | None:
@@ -712,8 +722,7 @@ class OpenStackCloud:
         try:
             body = await self._create_body(request)
         except CloudUnavailable as exc:
-            # Looking names up failed: the create itself was never sent.
-            raise CreateNotSent(f"before sending the create: {exc}") from exc
+            raise _before_create(exc) from exc
 
         def prepare(conn: openstack.connection.Connection) -> str:
             # Token, endpoint and microversion first, so that a failure of the POST below can
@@ -726,7 +735,7 @@ class OpenStackCloud:
             # Not rated: the token, endpoint and microversion are cached after the first call.
             microversion = await self._call(prepare, rated=False)
         except CloudUnavailable as exc:
-            raise CreateNotSent(f"before sending the create: {exc}") from exc
+            raise _before_create(exc) from exc
 
         def create(conn: openstack.connection.Connection) -> ServerRecord:
             response = conn.compute.post(

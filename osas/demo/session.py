@@ -16,14 +16,11 @@ import anyio
 import yaml
 from prometheus_client import CollectorRegistry
 
-from osas.app import App
-from osas.backend import build_cloud
+from osas.app import App, openstack_cloud
 from osas.config import load_config
 from osas.demo.certs import DemoAuthority
 from osas.demo.client import CaClient, ClientTls, connect
-from osas.engine.status import render_status
 from osas.protocol import externalgrpc_pb2 as pb
-from osas.service.ops_server import fetch_status
 from osas.sim import SimulatedOpenStack
 from osas.sim.model import FakeNova
 
@@ -184,13 +181,15 @@ async def play(demo: Demo, ca: CaClient, sim: SimulatedOpenStack) -> None:
 
 
 async def show_status(demo: Demo, app: App) -> None:
-    """What an operator sees: ``osas status``, read over HTTP from the metrics port."""
+    """What an operator sees: ``osas status``, run as the operator runs it, reading /status
+    over HTTP from the metrics port."""
     assert app.ops is not None  # noqa: S101 - the demo's configuration sets metrics_listen
     url = f"http://127.0.0.1:{app.ops.port}"
-    # In a thread: the event loop that serves /status must stay free to answer.
-    status = await anyio.to_thread.run_sync(fetch_status, url)
     demo.say(f"osas status --url {url} (also /metrics, /healthz, /readyz there):")
-    demo.out.write("\n" + render_status(status) + "\n")
+    command = [sys.executable, "-m", "osas", "status", "--url", url]
+    # Ready or not (exit 0 or 1), the table is what the operator reads.
+    shown = await anyio.run_process(command, check=False)
+    demo.out.write("\n" + shown.stdout.decode() + "\n")
 
 
 async def run_demo(out: TextIO = sys.stdout) -> int:
@@ -210,7 +209,7 @@ async def run_demo(out: TextIO = sys.stdout) -> int:
             demo.say("[2/7] fresh certificates: a CA, osas's for localhost, one for CA")
             config = load_config(write_osas_config(folder))
             registry = CollectorRegistry()  # the app's and the cloud adapter's, as in serve
-            app = App(config, build_cloud(config, registry), registry=registry)
+            app = App(config, openstack_cloud(config, registry), registry=registry)
             async with anyio.create_task_group() as group:
                 group.start_soon(app.run)
                 with anyio.fail_after(STEP_TIMEOUT):

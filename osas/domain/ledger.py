@@ -2,8 +2,8 @@
 
 One call per intent (accept creates, accept a DeleteNodes or DecreaseTargetSize plan, a reloaded
 configuration, drop what is queued at shutdown) or outcome (a worker takes a create and finishes
-it; a delete's result; a listing to settle), each returning what must happen next: servers to
-delete, whether to send a create again, and events worth telling the operator. The engine does
+it; a delete's result; a listing to settle), each returning its ``Orders``: servers to delete,
+whether to send a create again, and events worth telling the operator. The engine does
 the I/O and reports back; it never edits this state itself, and every question about the
 lifecycle (what may be cancelled, what Nova made that no listing showed yet, what is being
 deleted) is answered here. The ledger also holds the configuration in force: a reload is one
@@ -48,7 +48,7 @@ class LedgerSettings:
     create_attempts: int = 3
     # How long a create in doubt may take to appear before it is reported failed. Must exceed
     # the client's api_timeout plus the longest a Nova API worker may take to store a server.
-    doubt_window: float = 180.0
+    create_doubt_window: float = 180.0
     # How long ids of removed instances are remembered, so that a repeated DeleteNodes is
     # harmless, and request ids given up, so that a late server of theirs is deleted.
     removed_memory: float = 15 * 60.0
@@ -122,7 +122,7 @@ class DeleteOutcome(Enum):
     FAILED = "failed"  # the delete did not go through; it is sent again later
 
 
-# -- what must happen next -----------------------------------------------------------------------
+# -- what the ledger orders ---------------------------------------------------------------------
 
 
 class DeleteReason(StrEnum):
@@ -178,7 +178,11 @@ class LedgerEvent:
 
 
 @dataclass(frozen=True, slots=True)
-class Next:
+class Orders:
+    """What the ledger orders after a call: servers to delete, events to tell the operator,
+    and whether a create must be sent again. The engine carries them out
+    (``osas.engine.events.carry_out``); the ledger has already changed its state."""
+
     deletes: tuple[DeleteOrder, ...] = ()
     events: tuple[LedgerEvent, ...] = ()
     retry: bool = False  # finish_create: send the create again (it never reached Nova)
@@ -188,8 +192,8 @@ class Next:
 
 
 @dataclass(slots=True)
-class _Steps:
-    """What a ledger call collects while it works."""
+class _Draft:
+    """The orders a ledger call collects while it works."""
 
     deletes: list[DeleteOrder] = field(default_factory=list)
     events: list[LedgerEvent] = field(default_factory=list)
@@ -206,8 +210,8 @@ class _Steps:
     ) -> None:
         self.events.append(LedgerEvent(kind, group_id, request_id, server_id, detail, error))
 
-    def done(self, *, retry: bool = False) -> Next:
-        return Next(tuple(self.deletes), tuple(self.events), retry)
+    def done(self, *, retry: bool = False) -> Orders:
+        return Orders(tuple(self.deletes), tuple(self.events), retry)
 
 
 @dataclass(slots=True)
@@ -284,21 +288,21 @@ class Ledger:
         """The configuration in force: every part of osas reads it from here."""
         return self._cluster
 
-    def use_cluster(self, cluster: ClusterSpec, now: float) -> Next:
+    def use_cluster(self, cluster: ClusterSpec, now: float) -> Orders:
         """A reloaded configuration, planned like any intent. A removed group's queued creates
         are cancelled and its failures forgotten (CA no longer sees the group; were it added
         back, they would back it off). A group whose target now passes max_size has its
         queued creates cancelled beyond it, newest first, reported failed as CA expects of a
         create that will not happen; creates in flight finish, and no server is deleted: what
         stays above max_size is reported for CA's scale-down or a person."""
-        steps = _Steps()
+        orders = _Draft()
         self._cluster = cluster
         configured = {spec.group_id for spec in cluster.node_groups}
         for group_id in [g for g in self._creates_by_group if g not in configured]:
             for create in self.creates_of(group_id):
                 if create.state in {CreateState.QUEUED, CreateState.FAILED}:
                     self._give_up(create, now)
-                    steps.event(
+                    orders.event(
                         EventKind.CREATE_CANCELLED,
                         group_id,
                         request_id=create.request_id,
@@ -306,11 +310,11 @@ class Ledger:
                     )
         for spec in cluster.node_groups:
             self._changed(spec.group_id)
-            self._cancel_above_max(spec.group_id, spec.max_size, steps)
-            self._report_above_max(spec.group_id, steps)
-        return steps.done()
+            self._cancel_above_max(spec.group_id, spec.max_size, orders)
+            self._report_above_max(spec.group_id, orders)
+        return orders.done()
 
-    def _cancel_above_max(self, group_id: str, max_size: int, steps: _Steps) -> None:
+    def _cancel_above_max(self, group_id: str, max_size: int, orders: _Draft) -> None:
         failed, queued = self.cancellable(group_id)
         excess = self.target_size(group_id) - len(failed) - max_size
         for request_id in reversed(queued[len(queued) - min(excess, len(queued)) :]):
@@ -321,7 +325,7 @@ class Ledger:
                 "create was sent: it was cancelled",
                 ErrorClass.OTHER,
             )
-            self._fail(create, error, steps, kind=EventKind.CREATE_CANCELLED)
+            self._fail(create, error, orders, kind=EventKind.CREATE_CANCELLED)
 
     # -- queries ----------------------------------------------------------------------------------
 
@@ -414,13 +418,13 @@ class Ledger:
             self._changed(group_id)
         return request_ids
 
-    def accept_delete(self, plan: DeletePlan, now: float) -> Next:
-        steps = _Steps()
+    def accept_delete(self, plan: DeletePlan, now: float) -> Orders:
+        orders = _Draft()
         for server_id in plan.servers:
             create = self.create_of_server(server_id)
             if create is not None:
                 self._give_up(create, now)
-            self._mark(server_id, plan.group_id, DeleteReason.REQUESTED, now, steps)
+            self._mark(server_id, plan.group_id, DeleteReason.REQUESTED, now, orders)
         for request_id in (*plan.failures, *plan.cancels, *plan.give_ups):
             create = self._creates.get(request_id)
             if create is not None:
@@ -431,25 +435,25 @@ class Ledger:
             # appears, is not wanted. One that is listed already is left alone.
             if request_id not in self._creates and not self._snapshot.of_request(request_id):
                 self._given_up[request_id] = now
-            steps.event(EventKind.UNKNOWN_PLACEHOLDER, plan.group_id, request_id=request_id)
-        return steps.done()
+            orders.event(EventKind.UNKNOWN_PLACEHOLDER, plan.group_id, request_id=request_id)
+        return orders.done()
 
-    def accept_decrease(self, plan: DecreasePlan, now: float) -> Next:
+    def accept_decrease(self, plan: DecreasePlan, now: float) -> Orders:
         for request_id in (*plan.failures, *plan.cancels):
             create = self._creates.get(request_id)
             if create is not None:
                 self._give_up(create, now)
-        return Next()
+        return Orders()
 
-    def drop_queued(self, request_ids: Iterable[str], now: float) -> Next:
+    def drop_queued(self, request_ids: Iterable[str], now: float) -> Orders:
         """Shutting down: queued creates are forgotten unsent (CA asks again)."""
-        steps = _Steps()
+        orders = _Draft()
         for request_id in request_ids:
             create = self._creates.get(request_id)
             if create is not None and create.state is CreateState.QUEUED:
                 self._give_up(create, now)
-                steps.event(EventKind.CREATE_DROPPED, create.group_id, request_id=request_id)
-        return steps.done()
+                orders.event(EventKind.CREATE_DROPPED, create.group_id, request_id=request_id)
+        return orders.done()
 
     # -- outcomes ---------------------------------------------------------------------------------
 
@@ -463,15 +467,15 @@ class Ledger:
         self._sent.add(request_id)
         return create
 
-    def finish_create(self, request_id: str, outcome: CreateOutcome, now: float) -> Next:
-        steps = _Steps()
+    def finish_create(self, request_id: str, outcome: CreateOutcome, now: float) -> Orders:
+        orders = _Draft()
         create = self._creates.get(request_id)
         if create is None or create.state is not CreateState.SENDING:
             # Given up while it was being sent, or already settled by a listing.
             if isinstance(outcome, Created) and request_id in self._given_up:
                 server = outcome.server
-                self._mark(server.server_id, server.group_id, DeleteReason.GIVEN_UP, now, steps)
-            return steps.done()
+                self._mark(server.server_id, server.group_id, DeleteReason.GIVEN_UP, now, orders)
+            return orders.done()
         group_id = create.group_id
         match outcome:
             case Created(server):
@@ -480,26 +484,26 @@ class Ledger:
                 self._by_server[server.server_id] = request_id
                 self._set_state(create, CreateState.CREATED)
                 if self._snapshot.of_request(request_id) or server.server_id in self._snapshot:
-                    self._settle_create(create, steps)
+                    self._settle_create(create, orders)
             case Refused(error):
-                self._fail(create, error, steps)
+                self._fail(create, error, orders)
             case NotSent(error, counts=counts):
                 if not counts:
                     create.sends -= 1  # it never left (refused credentials): not a send
                 if create.sends < self.settings.create_attempts:
                     self._set_state(create, CreateState.QUEUED)
-                    return steps.done(retry=True)
-                self._fail(create, error, steps)
+                    return orders.done(retry=True)
+                self._fail(create, error, orders)
             case InDoubt(reason):
-                create.doubt_until = now + self.settings.doubt_window
+                create.doubt_until = now + self.settings.create_doubt_window
                 self._set_state(create, CreateState.IN_DOUBT)
-                steps.event(
+                orders.event(
                     EventKind.CREATE_IN_DOUBT, group_id, request_id=request_id, detail=reason
                 )
-        return steps.done()
+        return orders.done()
 
-    def finish_delete(self, server_id: str, outcome: DeleteOutcome, now: float) -> Next:
-        steps = _Steps()
+    def finish_delete(self, server_id: str, outcome: DeleteOutcome, now: float) -> Orders:
+        orders = _Draft()
         mark = self._deleting.get(server_id)
         if outcome is DeleteOutcome.SENT:
             if mark is not None:
@@ -520,8 +524,8 @@ class Ledger:
                 self._changed(group_id)
         elif outcome is DeleteOutcome.NOT_OURS and mark is not None:
             self._unmark(server_id)
-            steps.event(EventKind.DELETE_REFUSED, mark.group_id, server_id=server_id)
-        return steps.done()
+            orders.event(EventKind.DELETE_REFUSED, mark.group_id, server_id=server_id)
+        return orders.done()
 
     # -- listings ---------------------------------------------------------------------------------
 
@@ -530,23 +534,18 @@ class Ledger:
         self._generation += 1
         return self._generation
 
-    def settle_full(self, generation: int, listed: Iterable[Server], now: float) -> Next:
-        """A complete listing that began at ``generation``: every server it showed."""
-        diff = self._snapshot.apply_full(listed, now)
-        return self._settle(diff, generation, now, full=True, gone=set())
-
     def settle_complete(
         self, generation: int, changed: Iterable[Server], gone: Iterable[str], now: float
-    ) -> Next:
+    ) -> Orders:
         """A complete listing that began at ``generation``, given as its difference from the
-        snapshot: servers new or changed, and the listed ids it no longer shows. The same
-        facts as ``settle_full`` (a mark or a create settles by absence), in O(changed)."""
+        snapshot: servers new or changed, and the listed ids it no longer shows (a mark or a
+        create settles by absence), in O(changed)."""
         diff = self._snapshot.apply_changes(changed, gone, now)
         return self._settle(diff, generation, now, full=True, gone=set())
 
     def settle_changes(
         self, generation: int, changed: Iterable[Server], gone: Iterable[str], now: float
-    ) -> Next:
+    ) -> Orders:
         """An incremental listing: servers changed since the last one, ids known gone."""
         gone = set(gone)
         diff = self._snapshot.apply_changes(changed, gone, now)
@@ -554,14 +553,14 @@ class Ledger:
 
     def _settle(
         self, diff: SnapshotDiff, generation: int, now: float, *, full: bool, gone: set[str]
-    ) -> Next:
-        steps = _Steps()
-        self._settle_deletions(diff, generation, now, full=full, gone=gone, steps=steps)
-        self._settle_creates(generation, now, full=full, steps=steps)
+    ) -> Orders:
+        orders = _Draft()
+        self._settle_deletions(diff, generation, now, full=full, gone=gone, orders=orders)
+        self._settle_creates(generation, now, full=full, orders=orders)
         # Only what this listing brought can be an orphan, a duplicate or a stray: a request is
         # given up only while no server of it is listed, so earlier servers were checked when
         # they came (the first listing brings them all).
-        strays = self._check_requests(diff.touched(), diff, now, steps)
+        strays = self._check_requests(diff.touched(), diff, now, orders)
         groups = (
             {spec.group_id for spec in self._cluster.node_groups}
             if full
@@ -569,20 +568,20 @@ class Ledger:
         )
         for group_id in groups:
             for server in strays.get(group_id, ()):
-                steps.event(
+                orders.event(
                     EventKind.STRAY_ADOPTED,
                     group_id,
                     request_id=server.request_id,
                     server_id=server.server_id,
                 )
-            self._report_above_max(group_id, steps)
-        self._resend_stale_deletes(now, steps)
+            self._report_above_max(group_id, orders)
+        self._resend_stale_deletes(now, orders)
         self._forget_old(now, full=full)
         if full and not self._first_sync_done:
             # What was there at start is adopted whole: made by an earlier process.
             self._own.update(s.request_id for s in self._snapshot.servers() if s.request_id)
             self._first_sync_done = True
-        return steps.done()
+        return orders.done()
 
     def _settle_deletions(
         self,
@@ -592,7 +591,7 @@ class Ledger:
         *,
         full: bool,
         gone: set[str],
-        steps: _Steps,
+        orders: _Draft,
     ) -> None:
         ids = self._cluster.provider_ids
         for server in diff.gone:
@@ -608,25 +607,25 @@ class Ledger:
             if server_id in dropped or (later and (full or server_id in gone)):
                 self._unmark(server_id)
                 self._removed[ids.format(server_id)] = now
-                steps.event(EventKind.SERVER_DELETED, mark.group_id, server_id=server_id)
+                orders.event(EventKind.SERVER_DELETED, mark.group_id, server_id=server_id)
 
-    def _settle_creates(self, generation: int, now: float, *, full: bool, steps: _Steps) -> None:
+    def _settle_creates(self, generation: int, now: float, *, full: bool, orders: _Draft) -> None:
         for create in list(self._creates.values()):
             if create.state is CreateState.FAILED:
                 continue  # a server of it, if one turns up, is an orphan
             if self._snapshot.of_request(create.request_id) or (
                 create.server_id is not None and create.server_id in self._snapshot
             ):
-                self._settle_create(create, steps)
+                self._settle_create(create, orders)
             elif create.state is CreateState.IN_DOUBT and now >= create.doubt_until:
                 error = ErrorInfo(
                     IN_DOUBT_CODE,
                     f"create {create.request_id} was sent but its outcome is unknown, and no "
-                    f"server appeared within {self.settings.doubt_window:.0f}s; any server it "
-                    "made later will be deleted",
+                    f"server appeared within {self.settings.create_doubt_window:.0f}s; any "
+                    "server it made later will be deleted",
                     ErrorClass.OTHER,
                 )
-                self._fail(create, error, steps, kind=EventKind.CREATE_GIVEN_UP)
+                self._fail(create, error, orders, kind=EventKind.CREATE_GIVEN_UP)
             elif (
                 create.state is CreateState.CREATED
                 and full
@@ -636,7 +635,7 @@ class Ledger:
                 self._give_up(create, now)
                 if create.server_id is not None:
                     self._removed[self._cluster.provider_ids.format(create.server_id)] = now
-                steps.event(
+                orders.event(
                     EventKind.CREATE_VANISHED,
                     create.group_id,
                     request_id=create.request_id,
@@ -644,7 +643,7 @@ class Ledger:
                 )
 
     def _check_requests(
-        self, fresh: Iterable[Server], diff: SnapshotDiff, now: float, steps: _Steps
+        self, fresh: Iterable[Server], diff: SnapshotDiff, now: float, orders: _Draft
     ) -> dict[str, list[Server]]:
         """Orphans and duplicates among servers a listing brought are marked (of requests this
         process sent or gave up: never an earlier life's); strays (new servers of requests
@@ -657,11 +656,11 @@ class Ledger:
                 continue  # gone in this listing
             request_id = server.request_id
             if request_id is not None and self.is_given_up(request_id):
-                self._mark(server.server_id, server.group_id, DeleteReason.ORPHAN, now, steps)
+                self._mark(server.server_id, server.group_id, DeleteReason.ORPHAN, now, orders)
                 continue
             if request_id is not None and request_id not in seen:
                 seen.add(request_id)
-                self._check_shared(request_id, now, steps)
+                self._check_shared(request_id, now, orders)
             known = request_id is not None and (
                 request_id in self._own or request_id in self._creates
             )
@@ -669,7 +668,7 @@ class Ledger:
                 strays.setdefault(server.group_id, []).append(server)
         return strays
 
-    def _check_shared(self, request_id: str, now: float, steps: _Steps) -> None:
+    def _check_shared(self, request_id: str, now: float, orders: _Draft) -> None:
         """Two live servers of one request: if this process sent it, the second is deleted;
         if not (an earlier life, another tool, Nova's multi-create), both are reported once
         and kept."""
@@ -682,10 +681,10 @@ class Ledger:
             for server in live:
                 if server is not keep:
                     reason = DeleteReason.DUPLICATE
-                    self._mark(server.server_id, server.group_id, reason, now, steps)
+                    self._mark(server.server_id, server.group_id, reason, now, orders)
         elif request_id not in self._shared_reported:
             self._shared_reported.add(request_id)
-            steps.event(
+            orders.event(
                 EventKind.SHARED_REQUEST_KEPT,
                 keep.group_id,
                 request_id=request_id,
@@ -693,7 +692,7 @@ class Ledger:
                 "(an earlier osas, another tool, a copied template) and deletes none",
             )
 
-    def _report_above_max(self, group_id: str, steps: _Steps) -> None:
+    def _report_above_max(self, group_id: str, orders: _Draft) -> None:
         """A group above max_size with servers osas may not delete (of an earlier life, or a
         lowered max_size): reported once, left for CA's scale-down or a person."""
         spec = self._cluster.group(group_id)
@@ -703,20 +702,20 @@ class Ledger:
             self._above_max.discard(group_id)
         elif spec is not None and group_id not in self._above_max:
             self._above_max.add(group_id)
-            steps.event(
+            orders.event(
                 EventKind.ABOVE_MAX_KEPT,
                 group_id,
                 detail=f"target {self.target_size(group_id)} > max_size {spec.max_size}",
             )
 
-    def _resend_stale_deletes(self, now: float, steps: _Steps) -> None:
+    def _resend_stale_deletes(self, now: float, orders: _Draft) -> None:
         for server_id, mark in self._deleting.items():
             if (
                 server_id in self._snapshot
                 and now - mark.sent_at >= self.settings.delete_retry_after
             ):
                 mark.sent_at = now
-                steps.deletes.append(DeleteOrder(server_id, mark.group_id, DeleteReason.RESEND))
+                orders.deletes.append(DeleteOrder(server_id, mark.group_id, DeleteReason.RESEND))
 
     def _forget_old(self, now: float, *, full: bool) -> None:
         if not full:
@@ -744,10 +743,10 @@ class Ledger:
         create.state = state
         self._changed(create.group_id)
 
-    def _settle_create(self, create: Create, steps: _Steps) -> None:
+    def _settle_create(self, create: Create, orders: _Draft) -> None:
         self._forget_create(create)
         self._own.add(create.request_id)
-        steps.event(
+        orders.event(
             EventKind.CREATE_SETTLED,
             create.group_id,
             request_id=create.request_id,
@@ -758,13 +757,13 @@ class Ledger:
         self,
         create: Create,
         error: ErrorInfo,
-        steps: _Steps,
+        orders: _Draft,
         *,
         kind: EventKind = EventKind.CREATE_FAILED,
     ) -> None:
         create.error = error
         self._set_state(create, CreateState.FAILED)
-        steps.event(
+        orders.event(
             kind,
             create.group_id,
             request_id=create.request_id,
@@ -789,14 +788,14 @@ class Ledger:
         self._changed(create.group_id)
 
     def _mark(
-        self, server_id: str, group_id: str, reason: DeleteReason, now: float, steps: _Steps
+        self, server_id: str, group_id: str, reason: DeleteReason, now: float, orders: _Draft
     ) -> None:
         if server_id in self._deleting:
             return
         self._deleting[server_id] = _DeleteMark(group_id, reason, self._generation, now)
         self._deleting_by_group.setdefault(group_id, set()).add(server_id)
         self._changed(group_id)
-        steps.deletes.append(DeleteOrder(server_id, group_id, reason))
+        orders.deletes.append(DeleteOrder(server_id, group_id, reason))
 
     def _unmark(self, server_id: str) -> None:
         mark = self._deleting.pop(server_id, None)

@@ -90,7 +90,8 @@ class _DeleteBuilder:
         self.healthy_removals = 0
         self.seen: set[str] = set()
 
-    def _claim(self, instance_id: str, shown: str) -> None:
+    def _once(self, instance_id: str, shown: str) -> None:
+        """Refuse a request that names one node twice."""
         if instance_id in self.seen:
             raise InvalidRequest(f"node {shown!r} appears more than once in the request")
         self.seen.add(instance_id)
@@ -102,7 +103,7 @@ class _DeleteBuilder:
             )
 
     def add_server(self, server: Server, shown: str) -> None:
-        self._claim(self.cluster.provider_ids.format(server.server_id), shown)
+        self._once(self.cluster.provider_ids.format(server.server_id), shown)
         self._check_group(server.group_id, shown)
         if self.ledger.is_deleting(server):
             self.repeats += 1
@@ -120,19 +121,19 @@ class _DeleteBuilder:
         create = self.ledger.create_of_server(server_id)
         if create is not None:
             # Nova returned the server, no listing has shown it yet: delete it now.
-            self._claim(instance_id, shown)
+            self._once(instance_id, shown)
             self._check_group(create.group_id, shown)
             self._add_create(create)
             return
         if self.ledger.recently_removed(instance_id) or self.ledger.is_marked(server_id):
-            self._claim(instance_id, shown)
+            self._once(instance_id, shown)
             self.repeats += 1
             return
         raise NodeNotFound(f"node {shown!r} is not a server of this cluster")
 
     def add_placeholder(self, group_id: str, request_id: str, shown: str) -> None:
         instance_id = placeholder_id(group_id, request_id)
-        self._claim(instance_id, shown)
+        self._once(instance_id, shown)
         self._check_group(group_id, shown)
         create = self.ledger.create(request_id)
         if create is not None and create.group_id == group_id:

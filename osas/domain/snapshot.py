@@ -129,20 +129,6 @@ class Snapshot:
 
     # -- changes ----------------------------------------------------------------------------------
 
-    def apply_full(self, listed: Iterable[Server], now: float) -> SnapshotDiff:
-        """A complete listing: whatever it does not show is gone. O(n): for a listing already
-        reduced to its difference, ``apply_changes`` does the same in O(changed)."""
-        self.listed_at = now
-        fresh: dict[str, Server] = {}
-        for server in listed:
-            if server.status not in _GONE_STATUSES:
-                fresh[server.server_id] = server
-        gone = [server for server_id, server in self._servers.items() if server_id not in fresh]
-        added, changed = self._merge(fresh.values())
-        for server in gone:
-            self._remove(server)
-        return SnapshotDiff(tuple(added), tuple(changed), tuple(gone))
-
     def apply_changes(
         self, changed: Iterable[Server], gone_ids: Iterable[str], now: float
     ) -> SnapshotDiff:

@@ -107,10 +107,16 @@ class Pricing:
 class ClusterSpec:
     cluster_name: str
     node_groups: tuple[NodeGroupSpec, ...]
-    provider_ids: ProviderIdFormat = field(default_factory=ProviderIdFormat)
+    # The region in the nodes' provider ids (cloud-provider-openstack's OS_CCM_REGIONAL).
+    provider_id_region: str = ""
     gpu_label: str = "nvidia.com/gpu.product"
     gpu_types: tuple[str, ...] = ()
     pricing: Pricing | None = None
+    # How provider ids are spelt, from the region: built once, parsed on every call.
+    provider_ids: ProviderIdFormat = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "provider_ids", ProviderIdFormat(self.provider_id_region))
 
     def group(self, group_id: str) -> NodeGroupSpec | None:
         for spec in self.node_groups:

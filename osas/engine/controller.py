@@ -15,13 +15,14 @@ from structlog.contextvars import bind_contextvars
 
 from osas.domain.errors import NodeNotFound, NotReady, NotSupported
 from osas.domain.inventory import Instance, Inventory
+from osas.domain.ledger import Orders
 from osas.domain.limits import NodeInfo, check_node, check_nodes
 from osas.domain.options import AutoscalingOptions, group_options
 from osas.domain.pricing import node_price, pod_price
 from osas.domain.sizing import plan_decrease, plan_delete, plan_increase, require_group
 from osas.domain.specs import ClusterSpec, NodeGroupSpec
 from osas.domain.template import LABEL_INSTANCE_TYPE, NodeTemplate, build_template
-from osas.engine.events import follow
+from osas.engine.events import carry_out
 from osas.engine.metrics import EngineMetrics
 from osas.engine.queue import CreateTask, TaskQueue
 from osas.engine.reconciler import Reconciler
@@ -61,12 +62,32 @@ class Controller:
         """Shutting down: mutations are refused from now on (CA retries them elsewhere)."""
         self._accepting = False
 
+    def count_creates(self, group_id: str, count: int) -> None:
+        if self._metrics is not None:
+            self._metrics.creates_requested.labels(group_id).inc(count)
+
+    def carry_out(self, orders: Orders) -> None:
+        carry_out(orders, self.queue, self._metrics)
+
     def _check_accepting(self) -> None:
         self.check_ready()
         if not self._accepting:
             raise NotReady("osas is shutting down; no new work is accepted")
 
-    # -- reads ------------------------------------------------------------------------------------
+    # -- the calls on one node group --------------------------------------------------------------
+
+    def group(self, group_id: str) -> NodeGroupView:
+        """The node group a call names, resolved once with the inventory checked ready: every
+        per-group call of CA starts here (CA's own example wrapper does the same)."""
+        self.check_ready()
+        return NodeGroupView(self, require_group(self.cluster, group_id))
+
+    def group_to_change(self, group_id: str) -> NodeGroupView:
+        """The same, for a call that changes the group: refused while shutting down."""
+        self._check_accepting()
+        return NodeGroupView(self, require_group(self.cluster, group_id))
+
+    # -- calls on the whole cluster ---------------------------------------------------------------
 
     def node_groups(self) -> tuple[NodeGroupSpec, ...]:
         self.check_ready()
@@ -74,39 +95,12 @@ class Controller:
 
     def node_group_for_node(self, node: NodeInfo) -> NodeGroupSpec | None:
         self.check_ready()
+        return self._group_of(node)
+
+    def _group_of(self, node: NodeInfo) -> NodeGroupSpec | None:
         check_node(node)
         group_id = self.inventory.group_for_node(node.name, node.provider_id)
         return None if group_id is None else self.cluster.group(group_id)
-
-    def generation(self, group_id: str) -> int:
-        """Changes whenever anything CA sees of the group may have changed: answers derived
-        from the group stay true while it does not."""
-        self.check_ready()
-        require_group(self.cluster, group_id)
-        return self.inventory.generation(group_id)
-
-    def target_size(self, group_id: str) -> int:
-        self.check_ready()
-        require_group(self.cluster, group_id)
-        return self.inventory.target_size(group_id)
-
-    def nodes(self, group_id: str) -> list[Instance]:
-        self.check_ready()
-        require_group(self.cluster, group_id)
-        return self.inventory.instances(group_id)
-
-    def template(self, group_id: str) -> NodeTemplate:
-        self.check_ready()
-        spec = require_group(self.cluster, group_id)
-        flavor = self.inventory.flavor(group_id)
-        if flavor is None:
-            raise NotSupported(f"flavor {spec.flavor!r} of node group {group_id!r} is unknown")
-        return build_template(self.cluster, spec, flavor)
-
-    def options(self, group_id: str, defaults: AutoscalingOptions) -> AutoscalingOptions:
-        self.check_ready()
-        spec = require_group(self.cluster, group_id)
-        return group_options(defaults, spec.options)
 
     def gpu_label(self) -> str:
         self.check_ready()
@@ -118,7 +112,7 @@ class Controller:
 
     def node_price(self, node: NodeInfo, start: float, end: float) -> float:
         self.check_ready()
-        spec = self.node_group_for_node(node)
+        spec = self._group_of(node)
         if spec is None:
             # Template nodes of the price expander carry no provider id: match the flavor.
             instance_type = node.labels.get(LABEL_INSTANCE_TYPE)
@@ -144,40 +138,6 @@ class Controller:
         )
         return pod_price(self.cluster.pricing, requests, gpu_resource, start, end)
 
-    # -- mutations --------------------------------------------------------------------------------
-
-    def increase_size(self, group_id: str, delta: int) -> None:
-        self._check_accepting()
-        count = plan_increase(self.cluster, self.inventory, group_id, delta)
-        self.queue.ensure_room(count)
-        request_ids = self.inventory.ledger.accept_creates(group_id, count, anyio.current_time())
-        self.queue.put_all([CreateTask(request_id, group_id) for request_id in request_ids])
-        if self._metrics is not None:
-            self._metrics.creates_requested.labels(group_id).inc(count)
-        bind_contextvars(delta=delta, target=self.inventory.target_size(group_id))
-
-    def delete_nodes(self, group_id: str, nodes: list[NodeInfo]) -> None:
-        self._check_accepting()
-        check_nodes(nodes)
-        pairs = [(node.name, node.provider_id) for node in nodes]
-        plan = plan_delete(self.cluster, self.inventory, group_id, pairs)
-        self.queue.ensure_room(len(plan.servers))
-        steps = self.inventory.ledger.accept_delete(plan, anyio.current_time())
-        follow(steps, self.queue, self._metrics)
-        bind_contextvars(
-            servers=len(plan.servers),
-            failed_creates=len(plan.failures),
-            cancelled_creates=len(plan.cancels) + len(plan.give_ups),
-            repeats=plan.repeats + len(plan.unknown),
-            target=self.inventory.target_size(group_id),
-        )
-
-    def decrease_target_size(self, group_id: str, delta: int) -> None:
-        self._check_accepting()
-        plan = plan_decrease(self.cluster, self.inventory, group_id, delta)
-        self.inventory.ledger.accept_decrease(plan, anyio.current_time())
-        bind_contextvars(delta=delta, target=self.inventory.target_size(group_id))
-
     # -- lifecycle --------------------------------------------------------------------------------
 
     def refresh(self) -> None:
@@ -193,9 +153,10 @@ class Controller:
         age = self.inventory.age(anyio.current_time())
         if age is None:
             return "inventory not synced with OpenStack yet"
-        if age > self.settings.max_inventory_age:
+        limit = self.settings.reconcile.max_inventory_age
+        if age > limit:
             return (
-                f"inventory is {age:.0f}s old (limit {self.settings.max_inventory_age:.0f}s): "
+                f"inventory is {age:.0f}s old (limit {limit:.0f}s): "
                 f"OpenStack unreachable? last error: {self.reconciler.status.last_error}"
             )
         return None
@@ -205,3 +166,77 @@ class Controller:
         bind_contextvars(
             queued_tasks=len(self.queue), deleting=len(self.inventory.ledger.deleting_ids())
         )
+
+
+class NodeGroupView:
+    """One node group as one CA call sees it: resolved, and the inventory found ready, by
+    ``Controller.group`` (or ``group_to_change``); each method then answers or acts with no
+    check repeated. Made per call, so a reload never leaves a call half on the old spec."""
+
+    __slots__ = ("_controller", "spec")
+
+    def __init__(self, controller: Controller, spec: NodeGroupSpec) -> None:
+        self._controller = controller
+        self.spec = spec
+
+    @property
+    def group_id(self) -> str:
+        return self.spec.group_id
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    def generation(self) -> int:
+        """Changes whenever anything CA sees of the group may have changed: answers derived
+        from the group stay true while it does not."""
+        return self._controller.inventory.generation(self.spec.group_id)
+
+    def target_size(self) -> int:
+        return self._controller.inventory.target_size(self.spec.group_id)
+
+    def nodes(self) -> list[Instance]:
+        return self._controller.inventory.instances(self.spec.group_id)
+
+    def template(self) -> NodeTemplate:
+        spec = self.spec
+        flavor = self._controller.inventory.flavor(spec.group_id)
+        if flavor is None:
+            raise NotSupported(f"flavor {spec.flavor!r} of node group {spec.group_id!r} is unknown")
+        return build_template(self._controller.cluster, spec, flavor)
+
+    def options(self, defaults: AutoscalingOptions) -> AutoscalingOptions:
+        return group_options(defaults, self.spec.options)
+
+    # -- mutations: planned in the domain, which refuses a request whole or changes it all ---------
+
+    def increase_size(self, delta: int) -> None:
+        controller, group_id = self._controller, self.spec.group_id
+        inventory = controller.inventory
+        count = plan_increase(controller.cluster, inventory, group_id, delta)
+        controller.queue.ensure_room(count)
+        request_ids = inventory.ledger.accept_creates(group_id, count, anyio.current_time())
+        controller.queue.put_all([CreateTask(request_id, group_id) for request_id in request_ids])
+        controller.count_creates(group_id, count)
+        bind_contextvars(delta=delta, target=inventory.target_size(group_id))
+
+    def delete_nodes(self, nodes: list[NodeInfo]) -> None:
+        controller, group_id = self._controller, self.spec.group_id
+        inventory = controller.inventory
+        check_nodes(nodes)
+        pairs = [(node.name, node.provider_id) for node in nodes]
+        plan = plan_delete(controller.cluster, inventory, group_id, pairs)
+        controller.queue.ensure_room(len(plan.servers))
+        controller.carry_out(inventory.ledger.accept_delete(plan, anyio.current_time()))
+        bind_contextvars(
+            servers=len(plan.servers),
+            failed_creates=len(plan.failures),
+            cancelled_creates=len(plan.cancels) + len(plan.give_ups),
+            repeats=plan.repeats + len(plan.unknown),
+            target=inventory.target_size(group_id),
+        )
+
+    def decrease_target_size(self, delta: int) -> None:
+        controller, group_id = self._controller, self.spec.group_id
+        inventory = controller.inventory
+        plan = plan_decrease(controller.cluster, inventory, group_id, delta)
+        inventory.ledger.accept_decrease(plan, anyio.current_time())
+        bind_contextvars(delta=delta, target=inventory.target_size(group_id))

@@ -1,6 +1,6 @@
-"""What the ledger says must happen next, carried out: its deletes queued, and its events told
-to the operator, one log line each, at a level that says whether anyone needs to look, and
-counted. Servers entering and leaving a problem state are told here too."""
+"""The ledger's orders carried out: its deletes queued, and its events told to the operator,
+one log line each, at a level that says whether anyone needs to look, and counted. Servers
+entering and leaving a problem state are told here too."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 
 import structlog
 
-from osas.domain.ledger import DeleteReason, EventKind, Next
+from osas.domain.ledger import DeleteReason, EventKind, Orders
 from osas.domain.problems import ProblemChange
 from osas.engine.metrics import EngineMetrics
 from osas.engine.queue import TaskQueue, delete_tasks
@@ -40,10 +40,10 @@ _DELETE_LEVELS: dict[DeleteReason, int] = {
 }
 
 
-def log_next(steps: Next, metrics: EngineMetrics | None = None) -> None:
+def log_orders(orders: Orders, metrics: EngineMetrics | None = None) -> None:
     if metrics is not None:
-        metrics.record_next(steps)
-    for event in steps.events:
+        metrics.record_orders(orders)
+    for event in orders.events:
         logger.log(
             _EVENT_LEVELS[event.kind],
             event.kind.value,
@@ -52,7 +52,7 @@ def log_next(steps: Next, metrics: EngineMetrics | None = None) -> None:
             server_id=event.server_id,
             detail=event.detail or None,
         )
-    for order in steps.deletes:
+    for order in orders.deletes:
         logger.log(
             _DELETE_LEVELS[order.reason],
             "deleting server",
@@ -62,10 +62,10 @@ def log_next(steps: Next, metrics: EngineMetrics | None = None) -> None:
         )
 
 
-def follow(steps: Next, queue: TaskQueue, metrics: EngineMetrics | None = None) -> None:
+def carry_out(orders: Orders, queue: TaskQueue, metrics: EngineMetrics | None = None) -> None:
     """Log and count what the ledger said, and queue its deletes (those not in hand already)."""
-    log_next(steps, metrics)
-    left_out = queue.put_new(delete_tasks(steps.deletes))
+    log_orders(orders, metrics)
+    left_out = queue.put_new(delete_tasks(orders.deletes))
     if left_out:
         # Marked deleting all the same: the ledger sends them again after delete_retry_after.
         logger.warning("queue full; deletes postponed", servers=len(left_out))

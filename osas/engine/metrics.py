@@ -1,5 +1,5 @@
 """What the engine counts where things happen: the ledger's events and delete orders
-(``events.py`` follows every ``Next``), each sync, each problem a server enters. The state
+(``events.py`` carries out every ``Orders``), each sync, each problem a server enters. The state
 itself (servers, targets, queue...) is read at scrape time: ``osas.engine.collector``."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from osas.domain.ledger import DeleteReason, EventKind, Next
+from osas.domain.ledger import DeleteReason, EventKind, Orders
 from osas.domain.problems import Problem, ProblemChange
 from osas.domain.specs import ClusterSpec
 
@@ -107,8 +107,8 @@ class EngineMetrics:
             for event in EventKind:
                 self.ledger_events.labels(group, event.value)
 
-    def record_next(self, steps: Next) -> None:
-        for event in steps.events:
+    def record_orders(self, orders: Orders) -> None:
+        for event in orders.events:
             group = event.group_id
             self.ledger_events.labels(group, event.kind.value).inc()
             result = _CREATE_RESULTS.get(event.kind)
@@ -118,7 +118,7 @@ class EngineMetrics:
             if error is not None:
                 error_class = str(int(error.error_class))
                 self.create_failures.labels(group, error_class, error.code).inc()
-        for order in steps.deletes:
+        for order in orders.deletes:
             self.delete_orders.labels(order.group_id, order.reason.value).inc()
 
     def record_sync(self, *, full: bool, seconds: float | None) -> None:

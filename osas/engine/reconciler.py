@@ -24,11 +24,11 @@ import structlog
 from osas.cloud.errors import CloudError, CredentialsRefused
 from osas.cloud.port import Cloud
 from osas.domain.inventory import Inventory
-from osas.domain.ledger import Next
+from osas.domain.ledger import Orders
 from osas.domain.problems import ProblemSettings, ProblemWatch
 from osas.domain.servers import Flavor, OwnershipMarks, Server, ServerRecord
 from osas.domain.specs import NodeGroupSpec
-from osas.engine.events import follow, log_problems
+from osas.engine.events import carry_out, log_problems
 from osas.engine.metrics import EngineMetrics
 from osas.engine.queue import TaskQueue
 from osas.engine.settings import EngineSettings
@@ -96,7 +96,9 @@ class Reconciler:
         self.status = SyncStatus()
         # Servers a person should look at; reviewed after every sync, never acted on.
         self.problems = ProblemWatch(
-            ProblemSettings(settings.stuck_build_after, settings.stuck_delete_after)
+            ProblemSettings(
+                settings.reconcile.stuck_build_after, settings.reconcile.stuck_delete_after
+            )
         )
 
     def nudge(self) -> None:
@@ -107,10 +109,10 @@ class Reconciler:
         return (
             self._last_full is None
             or self._last_listing is None
-            or now - self._last_full >= self._settings.full_resync_interval
+            or now - self._last_full >= self._settings.reconcile.full_resync_interval
         )
 
-    async def reconcile_once(self, *, full: bool | None = None) -> Next:
+    async def reconcile_once(self, *, full: bool | None = None) -> Orders:
         """One sync; raises ``CloudError`` and keeps the last good inventory when it fails.
         What the ledger made of it (deletes queued, events logged) is returned."""
         now = self._clock()
@@ -121,7 +123,7 @@ class Reconciler:
         started = datetime.now(UTC)
         begun = time.perf_counter()
         try:
-            steps = await self._list(generation, full=full)
+            orders = await self._list(generation, full=full)
         except CloudError as exc:
             self._failed(exc)
             if self._metrics is not None:
@@ -137,7 +139,7 @@ class Reconciler:
             self.status.incremental_syncs += 1
         self._last_listing = started
         self.status.last_error = None
-        follow(steps, self._queue, self._metrics)
+        carry_out(orders, self._queue, self._metrics)
         if self._metrics is not None:
             self._metrics.record_sync(full=full, seconds=time.perf_counter() - begun)
         configured = {spec.group_id for spec in self._inventory.cluster.node_groups}
@@ -153,9 +155,9 @@ class Reconciler:
             )
         else:
             logger.debug("inventory synced", servers=len(self._inventory.snapshot))
-        return steps
+        return orders
 
-    async def _list(self, generation: int, *, full: bool) -> Next:
+    async def _list(self, generation: int, *, full: bool) -> Orders:
         """The listing of one sync, settled: the first (every detail), a complete one (ids,
         and details of what changed), or an incremental one."""
         if self._last_listing is None:
@@ -164,10 +166,10 @@ class Reconciler:
             return await self._complete(generation, details, None)
         if full:
             return await self._resync(generation, self._last_listing)
-        steps = await self._incremental(generation, self._last_listing)
+        orders = await self._incremental(generation, self._last_listing)
         if self._flavors_wanted:
             await self._refresh_flavors(set(self._flavors_wanted))
-        return steps
+        return orders
 
     def _failed(self, exc: CloudError) -> None:
         self.status.failures += 1
@@ -201,11 +203,11 @@ class Reconciler:
             claimed.update(await self._claim(page))
         return claimed
 
-    async def _resync(self, generation: int, since: datetime) -> Next:
+    async def _resync(self, generation: int, since: datetime) -> Orders:
         """A complete listing by ids, with details only for what changed or is new."""
         tag = self._marks.cluster_tag
         listed = await self._cloud.list_server_ids(tag)
-        since -= timedelta(seconds=self._settings.changes_since_overlap)
+        since -= timedelta(seconds=self._settings.reconcile.changes_since_overlap)
         details = await self._claim(await self._cloud.list_servers(tag, changes_since=since))
         snapshot, foreign = self._inventory.snapshot, self._foreign
         unknown: list[str] = []
@@ -223,7 +225,7 @@ class Reconciler:
 
     async def _complete(
         self, generation: int, details: dict[str, Server | None], listed: set[str] | None
-    ) -> Next:
+    ) -> Orders:
         """Settle a complete listing: ``listed`` holds every id it showed (None: exactly the
         ids of ``details``), ``details`` the servers that may have changed (None: not ours).
         Compared with the inventory in slices; the difference applied in one step."""
@@ -272,13 +274,13 @@ class Reconciler:
             )
         return found
 
-    async def _incremental(self, generation: int, since: datetime) -> Next:
+    async def _incremental(self, generation: int, since: datetime) -> Orders:
         """What changed in the project since the last listing, deleted servers included (an
         untagged ``changes-since``: Nova drops a deleted server's tags, so a tag filter would
         hide exactly the deletions). A server deleted behind osas's back leaves CA's view
         within one incremental sync; the cost follows what changed in the project, not its
         size, and the complete listing stays a safety net."""
-        since -= timedelta(seconds=self._settings.changes_since_overlap)
+        since -= timedelta(seconds=self._settings.reconcile.changes_since_overlap)
         records = await self._cloud.list_changes(since)
         snapshot = self._inventory.snapshot
         changed: list[Server] = []
@@ -325,14 +327,14 @@ class Reconciler:
         return found
 
     async def run_reconciler(self) -> None:
-        """Sync after every ``reconcile_interval``, or sooner when nudged, for ever. Failures
+        """Sync after every ``reconcile.interval``, or sooner when nudged, for ever. Failures
         are logged and retried with backoff; the inventory keeps its last good state meanwhile.
         The first sync is the caller's (the app does it before serving)."""
         failures = 0
         while True:
-            delay = self._settings.reconcile_interval
+            delay = self._settings.reconcile.interval
             if failures:
-                delay = min(delay, self._settings.retry_backoff * 2 ** min(failures, 6))
+                delay = min(delay, self._settings.reconcile.retry_backoff * 2 ** min(failures, 6))
             await self._wait(delay)
             try:
                 await self.reconcile_once()
@@ -344,7 +346,7 @@ class Reconciler:
 
     async def _wait(self, delay: float) -> None:
         """Until ``delay`` has passed, or a nudge (Refresh) came. Nudges start at most one
-        extra sync per ``reconcile_interval``: a nudge within an interval of the last one that
+        extra sync per ``reconcile.interval``: a nudge within an interval of the last one that
         did waits for that interval's end, so Refresh calls faster than the interval cost one
         extra listing each interval, however many there are."""
         deadline = self._clock() + delay if math.isfinite(delay) else math.inf
@@ -358,7 +360,7 @@ class Reconciler:
                 return  # the regular sync
             self._nudged = anyio.Event()
             now = self._clock()
-            allowed = self._last_nudged + self._settings.reconcile_interval
+            allowed = self._last_nudged + self._settings.reconcile.interval
             if now >= allowed:
                 self._last_nudged = now
                 return

@@ -1,5 +1,5 @@
-"""What osas is doing, for a person: the ``/status`` document of the metrics port, and the
-one-screen table ``osas status`` and the demo print from it.
+"""What osas is doing, for a person: the ``/status`` document of the metrics port (``osas
+status`` prints it as a table, ``osas.cli.status_table``).
 
 The document is plain JSON built from the inventory, the queue, the reconciler and the problem
 watch; it is what the metrics say, gathered per node group.
@@ -184,90 +184,3 @@ def build_status(sources: StatusSources) -> dict[str, Any]:
         "problems": problems,
         "rejected_certificate_reloads": sources.rejected_certificate_reloads(),
     }
-
-
-# -- the table for a person ------------------------------------------------------------------------
-
-_COLUMNS = (
-    ("GROUP", 14),
-    ("MIN", 4),
-    ("TARGET", 7),
-    ("MAX", 5),
-    ("RUNNING", 9),
-    ("CREATING", 9),
-    ("DELETING", 9),
-    ("ERROR", 6),
-    ("QUEUED", 7),
-    ("IN-DOUBT", 9),
-    ("FAILED", 7),
-)
-
-
-def _row(cells: list[str]) -> str:
-    return "".join(
-        cell.ljust(width) if index == 0 else cell.rjust(width)
-        for index, (cell, (_, width)) in enumerate(zip(cells, _COLUMNS, strict=True))
-    ).rstrip()
-
-
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "never"
-    if seconds < 120:  # noqa: PLR2004 - seconds read better up to two minutes
-        return f"{seconds:.0f}s ago"
-    return f"{seconds / 60:.0f}m ago"
-
-
-def render_status(status: dict[str, Any]) -> str:
-    """``/status`` as one screen of text."""
-    ready = "ready" if status["ready"] else f"NOT READY: {status['not_ready_reason']}"
-    syncs = status["syncs"]
-    lines = [
-        f"osas {status['version']}: {ready}",
-        f"last sync {_age(status['inventory_age_seconds'])}; "
-        f"{syncs['full']} full, {syncs['incremental']} incremental, "
-        f"{syncs['failures']} failed"
-        + (f" (last error: {syncs['last_error']})" if syncs["last_error"] else ""),
-        "",
-        _row([name for name, _ in _COLUMNS]),
-    ]
-    failures: list[str] = []
-    for group in status["groups"]:
-        servers, creates = group["servers"], group["creates"]
-        target = group["target_size"]
-        lines.append(
-            _row(
-                [
-                    group["id"],
-                    str(group["min_size"]),
-                    "-" if target is None else str(target),
-                    str(group["max_size"]),
-                    str(servers["running"]),
-                    str(servers["creating"]),
-                    str(servers["deleting"]),
-                    str(servers["error"]),
-                    str(creates["queued"] + creates["sending"]),
-                    str(creates["in_doubt"]),
-                    str(creates["failed"]),
-                ]
-            )
-        )
-        failures += [
-            f"  {group['id']}: {f['count']} x {f['code']} (class {f['class']}): {f['message']}"
-            for f in group["failures"]
-        ]
-    lines.append("")
-    lines.append("failures CA sees:" if failures else "failures CA sees: none")
-    lines += failures
-    queue = status["queue"]
-    lines.append(
-        f"queue: {queue['creates'] + queue['deletes']} of {queue['capacity']} "
-        f"({queue['creates']} creates, {queue['deletes']} deletes); "
-        f"workers busy: {queue['workers_busy']} of {queue['workers']}"
-    )
-    problems = status["problems"]
-    lines.append(
-        "servers needing a person: " + ", ".join(f"{name} {problems[name]}" for name in PROBLEMS)
-    )
-    lines.append(f"certificate reloads refused: {status['rejected_certificate_reloads']}")
-    return "\n".join(lines) + "\n"

@@ -7,7 +7,7 @@ import logging
 import anyio
 import structlog
 
-from osas.cloud.errors import CloudError, CloudUnavailable, CreateNotSent, CredentialsRefused
+from osas.cloud.errors import CloudError, CloudUnavailable, create_outcome
 from osas.cloud.port import Cloud, CreateServerRequest
 from osas.domain.ids import server_name
 from osas.domain.inventory import Inventory
@@ -15,14 +15,13 @@ from osas.domain.ledger import (
     Created,
     CreateOutcome,
     DeleteOutcome,
-    InDoubt,
-    Next,
     NotSent,
+    Orders,
     Refused,
 )
 from osas.domain.servers import ErrorClass, ErrorInfo, OwnershipMarks
 from osas.domain.specs import ClusterSpec, NodeGroupSpec
-from osas.engine.events import follow, log_next
+from osas.engine.events import carry_out, log_orders
 from osas.engine.metrics import EngineMetrics
 from osas.engine.queue import CreateTask, DeleteTask, Task, TaskQueue
 from osas.engine.settings import EngineSettings
@@ -31,7 +30,6 @@ from osas.engine.userdata import (
     UserDataError,
     build_user_data,
     read_template,
-    render_user_data,
     unfilled_hint,
     unfilled_placeholders,
 )
@@ -42,7 +40,7 @@ logger = structlog.get_logger(__name__)
 _MAX_RETRY_DELAY = 30.0
 
 
-__all__ = ["Workers", "create_request", "render_user_data"]
+__all__ = ["Workers"]
 
 
 def create_request(
@@ -139,17 +137,17 @@ class Workers:
         creates are dropped (CA asks again). How many creates were dropped, per group."""
         self._draining.set()
         dropped = self._queue.close()
-        steps = self._ledger.drop_queued([t.request_id for t in dropped], anyio.current_time())
-        log_next(steps, self._metrics)
+        orders = self._ledger.drop_queued([t.request_id for t in dropped], anyio.current_time())
+        log_orders(orders, self._metrics)
         counts: dict[str, int] = {}
-        for event in steps.events:
+        for event in orders.events:
             counts[event.group_id] = counts.get(event.group_id, 0) + 1
         return counts
 
     async def run_workers(self) -> None:
-        """Run ``settings.workers`` workers, plus one that only deletes (so that deletes never
+        """Run ``settings.queue.workers`` workers, plus one that only deletes (so that deletes never
         wait behind slow creates), until the queue is closed and drained."""
-        count = self._settings.workers
+        count = self._settings.queue.workers
         async with anyio.create_task_group() as group:
             for index in range(count):
                 group.start_soon(self._run_one, index, name=f"osas-worker-{index}")
@@ -184,10 +182,12 @@ class Workers:
             self._queue.done(task)
 
     async def _backoff(self, attempt: int) -> None:
-        await anyio.sleep(min(self._settings.retry_backoff * 2**attempt, _MAX_RETRY_DELAY))
+        await anyio.sleep(
+            min(self._settings.reconcile.retry_backoff * 2**attempt, _MAX_RETRY_DELAY)
+        )
 
-    def _follow(self, steps: Next) -> None:
-        follow(steps, self._queue, self._metrics)
+    def _carry_out(self, orders: Orders) -> None:
+        carry_out(orders, self._queue, self._metrics)
 
     async def _create(self, task: CreateTask) -> None:
         log = logger.bind(group=task.group_id, request_id=task.request_id)
@@ -198,9 +198,9 @@ class Workers:
             outcome = await self._attempt(task, log)
             if isinstance(outcome, Created):
                 log.info("server created", server_id=outcome.server.server_id)
-            steps = self._ledger.finish_create(task.request_id, outcome, anyio.current_time())
-            self._follow(steps)
-            if not steps.retry:
+            orders = self._ledger.finish_create(task.request_id, outcome, anyio.current_time())
+            self._carry_out(orders)
+            if not orders.retry:
                 return
             refused_credentials = isinstance(outcome, NotSent) and not outcome.counts
             # Refused credentials are said once, by the reconciler, not once per create.
@@ -210,7 +210,7 @@ class Workers:
                 attempt=attempt + 1,
             )
             if self._draining.is_set():
-                self._follow(self._ledger.drop_queued([task.request_id], anyio.current_time()))
+                self._carry_out(self._ledger.drop_queued([task.request_id], anyio.current_time()))
                 return
             await self._backoff(attempt)
             attempt += 1
@@ -235,16 +235,8 @@ class Workers:
         answer that proves the request never left allows sending it again."""
         try:
             record = await self._cloud.create_server(request)
-        except CreateNotSent as exc:
-            return NotSent(exc.error_info())
-        except CredentialsRefused as exc:
-            # A 401 is proof Nova made nothing: sent again once the credentials work, and
-            # never reported to CA as a failed create (the readiness probe says it instead).
-            return NotSent(exc.error_info(), counts=False)
-        except CloudUnavailable as exc:
-            return InDoubt(str(exc))
         except CloudError as exc:
-            return Refused(exc.error_info())
+            return create_outcome(exc)
         server = self._marks.claim(record)
         if server is None:
             # Only possible if the cloud dropped our marks; never treat the server as ours.
@@ -255,7 +247,7 @@ class Workers:
     async def _delete(self, task: DeleteTask) -> None:
         log = logger.bind(group=task.group_id, server_id=task.server_id)
         outcome = DeleteOutcome.FAILED
-        for attempt in range(self._settings.delete_attempts):
+        for attempt in range(self._settings.queue.delete_attempts):
             if attempt:
                 await self._backoff(attempt - 1)
             try:
@@ -272,7 +264,7 @@ class Workers:
             log.error("refusing to delete: server no longer carries this group's marks")
         elif outcome is DeleteOutcome.FAILED:
             log.warning("delete failed; it is sent again later")
-        self._follow(self._ledger.finish_delete(task.server_id, outcome, anyio.current_time()))
+        self._carry_out(self._ledger.finish_delete(task.server_id, outcome, anyio.current_time()))
 
     async def _delete_once(self, task: DeleteTask) -> DeleteOutcome:
         record = await self._cloud.get_server(task.server_id)

@@ -1,5 +1,5 @@
 """The one place where osas errors become gRPC statuses. Refusals are logged once, by the
-call's access line (``observer``), with the message given here as their reason."""
+call's access line (``gate``), with the message given here as their reason."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def translate_errors(
         except OsasError as exc:
             await aio_context.abort(status_of(exc), str(exc))
         except Exception:
-            # A bug: its traceback here, its access line (INTERNAL) from the observer.
+            # A bug: its traceback here, its access line (INTERNAL) from the gate.
             logger.exception("rpc failed", rpc=rpc)
             await aio_context.abort(grpc.StatusCode.INTERNAL, f"{rpc} failed; see the osas log")
 

@@ -1,4 +1,4 @@
-"""What the service records: every CloudProvider call (counted by ``RpcObserver``), and, read
+"""What the service records: every CloudProvider call (counted by ``RpcGate``), and, read
 at scrape time, readiness, certificate rotations refused and what osas is built of."""
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ from structlog.contextvars import bind_contextvars
 from osas.domain.limits import MAX_NODES_PER_REQUEST
 from osas.engine.controller import Controller
 from osas.protocol import externalgrpc_pb2
+from osas.service.gate import RpcGate
 from osas.service.health import ProbeHealthServicer
 from osas.service.metrics import RpcMetrics
-from osas.service.observer import RpcObserver
 from osas.service.servicer import CloudProviderServicer
 from osas.service.settings import ServerSettings, TransportSettings
 from osas.service.tls import CertificateFiles, ClientAllowList
@@ -110,13 +110,13 @@ def _listen(key: str, address: str, add: Callable[[str], int]) -> int:
         raise BindError(f"cannot listen on {address} ({key}): {bind_problem(address)}") from None
 
 
-def _guarded(
+def _screened(
     name: str, handle: Handler, request_class: type[Message], allow: ClientAllowList | None
 ) -> Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Awaitable[Message]]:
     """Decode the request ourselves, so that undecodable bytes get INVALID_ARGUMENT (not the
     INTERNAL gRPC would answer), refuse a capped repeated field that is too long before
     decoding it, and admit only allowed client identities. Refusals are logged once, in the
-    call's access line (``observer``), with the reason given here."""
+    call's access line (``gate``), with the reason given here."""
     cap = _CAPPED_FIELDS.get(name)
     capped_number = request_class.DESCRIPTOR.fields_by_name[cap.field].number if cap else 0
 
@@ -152,16 +152,16 @@ def _serialize(message: Message) -> bytes:
 
 
 def provider_handler(
-    servicer: CloudProviderServicer, allow: ClientAllowList | None, observer: RpcObserver
+    servicer: CloudProviderServicer, allow: ClientAllowList | None, gate: RpcGate
 ) -> grpc.GenericRpcHandler[Any, Any]:
-    """The CloudProvider service, every method behind ``_guarded`` and observed."""
+    """The CloudProvider service, every method screened (``_screened``) and gated (``RpcGate``)."""
     handlers = {}
     for method in _SERVICE.methods:
         request_class = message_factory.GetMessageClass(method.input_type)
         handle = getattr(servicer, method.name)
-        guarded = _guarded(method.name, handle, request_class, allow)
+        screened = _screened(method.name, handle, request_class, allow)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            observer.observe(method.name, guarded),
+            gate.wrap(method.name, screened),
             request_deserializer=None,
             response_serializer=_serialize,
         )
@@ -181,7 +181,7 @@ class ProviderServer:
         self._controller = controller
         self._settings = settings
         methods = [method.name for method in _SERVICE.methods]
-        self._observer = RpcObserver(
+        self._gate = RpcGate(
             _SERVICE,
             RpcMetrics(registry or CollectorRegistry(), methods),
             max_concurrent=settings.transport.max_concurrent_rpcs,
@@ -201,7 +201,7 @@ class ProviderServer:
         server = grpc.aio.server(options=options)
         allow = ClientAllowList(settings.tls.allowed_clients) if settings.tls else None
         servicer = CloudProviderServicer(self._controller)
-        server.add_generic_rpc_handlers((provider_handler(servicer, allow, self._observer),))
+        server.add_generic_rpc_handlers((provider_handler(servicer, allow, self._gate),))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server

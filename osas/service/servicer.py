@@ -118,66 +118,66 @@ class CloudProviderServicer:
     async def NodeGroupTargetSize(
         self, request: pb.NodeGroupTargetSizeRequest, context: Context
     ) -> Serialized:
-        group_id = request.id
-        generation = self._controller.generation(group_id)
-        cached = self._targets.get(group_id)
+        group = self._controller.group(request.id)
+        generation = group.generation()
+        cached = self._targets.get(group.group_id)
         if cached is None or cached[0] != generation:
-            size = self._controller.target_size(group_id)
+            size = group.target_size()
             data = pb.NodeGroupTargetSizeResponse(targetSize=size).SerializeToString()
             cached = (generation, Serialized(data))
-            self._targets[group_id] = cached
+            self._targets[group.group_id] = cached
         return cached[1]
 
     @translate_errors
     async def NodeGroupIncreaseSize(
         self, request: pb.NodeGroupIncreaseSizeRequest, context: Context
     ) -> pb.NodeGroupIncreaseSizeResponse:
-        self._controller.increase_size(request.id, request.delta)
+        self._controller.group_to_change(request.id).increase_size(request.delta)
         return pb.NodeGroupIncreaseSizeResponse()
 
     @translate_errors
     async def NodeGroupDeleteNodes(
         self, request: pb.NodeGroupDeleteNodesRequest, context: Context
     ) -> pb.NodeGroupDeleteNodesResponse:
-        nodes = [translate.node_info(node) for node in request.nodes]
-        self._controller.delete_nodes(request.id, nodes)
+        group = self._controller.group_to_change(request.id)
+        group.delete_nodes([translate.node_info(node) for node in request.nodes])
         return pb.NodeGroupDeleteNodesResponse()
 
     @translate_errors
     async def NodeGroupDecreaseTargetSize(
         self, request: pb.NodeGroupDecreaseTargetSizeRequest, context: Context
     ) -> pb.NodeGroupDecreaseTargetSizeResponse:
-        self._controller.decrease_target_size(request.id, request.delta)
+        self._controller.group_to_change(request.id).decrease_target_size(request.delta)
         return pb.NodeGroupDecreaseTargetSizeResponse()
 
     @translate_errors
     async def NodeGroupNodes(
         self, request: pb.NodeGroupNodesRequest, context: Context
     ) -> Serialized:
-        group_id = request.id
-        generation = self._controller.generation(group_id)
-        cached = self._nodes.get(group_id)
+        group = self._controller.group(request.id)
+        generation = group.generation()
+        cached = self._nodes.get(group.group_id)
         if cached is None or cached[0] != generation:
-            instances = self._controller.nodes(group_id)
+            instances = group.nodes()
             response = pb.NodeGroupNodesResponse(
                 instances=[translate.instance(i) for i in instances]
             )
             cached = (generation, Serialized(response.SerializeToString()))
-            self._nodes[group_id] = cached
+            self._nodes[group.group_id] = cached
         return cached[1]
 
     @translate_errors
     async def NodeGroupTemplateNodeInfo(
         self, request: pb.NodeGroupTemplateNodeInfoRequest, context: Context
     ) -> pb.NodeGroupTemplateNodeInfoResponse:
-        return translate.template_response(self._controller.template(request.id))
+        return translate.template_response(self._controller.group(request.id).template())
 
     @translate_errors
     async def NodeGroupGetOptions(
         self, request: pb.NodeGroupAutoscalingOptionsRequest, context: Context
     ) -> pb.NodeGroupAutoscalingOptionsResponse:
-        defaults = translate.options_from(request.defaults)
-        options = self._controller.options(request.id, defaults)
+        group = self._controller.group(request.id)
+        options = group.options(translate.options_from(request.defaults))
         return pb.NodeGroupAutoscalingOptionsResponse(
             nodeGroupAutoscalingOptions=translate.options_message(options)
         )

@@ -5,7 +5,7 @@ ACTIVE, ERROR servers with a fault, deletes that keep a server ACTIVE with task_
 ``deleting`` for ``delete_seconds``, deleted servers kept for ``changes-since`` but stripped of
 their tags, keypairs, server groups, quotas refused with Nova's own wording (``NovaRefusal``),
 paging. The simulated OpenStack serves it over HTTP (``osas.sim.server``), and
-``osas.sim.cloud.FakeCloud`` is an in-process ``Cloud`` over it for the engine's tests.
+The tests' ``FakeCloud`` (tests/fake_cloud.py) is an in-process ``Cloud`` over it.
 
 ``Faults`` also reproduces what real Nova does under load: creates stored only after the client
 gave up (``create_stall``), the conductor's quota re-check that turns concurrent creates into
@@ -43,7 +43,7 @@ _METADATA_STATES = {"ACTIVE", "PAUSED", "SUSPENDED", "SHUTOFF"}
 
 class NovaRefusal(Exception):
     """Nova refused a request: the status and message its API answers with. The HTTP simulator
-    renders it in Nova's envelope; the in-process cloud translates it as an adapter would."""
+    renders it in Nova's envelope; the tests' in-process cloud translates it as an adapter would."""
 
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)

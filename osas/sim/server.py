@@ -1,6 +1,6 @@
 """``SimulatedOpenStack``: Keystone, Nova, Glance and Neutron on 127.0.0.1, over one FakeNova.
 
-One model, two front ends: the in-memory ``FakeCloud`` and this HTTP server serve the same
+One model, two front ends: the tests' in-memory ``FakeCloud`` and this HTTP server serve the same
 ``FakeNova``, so what a test seeds or breaks in the model, unmodified openstacksdk sees over real
 HTTP. The server is the standard library's ``ThreadingHTTPServer`` in a daemon thread, speaking
 HTTP/1.1 with keep-alive as keystoneauth's session expects. Every request is routed, counted in

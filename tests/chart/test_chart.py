@@ -39,7 +39,7 @@ from node_examples import markdown_blocks
 from support import Provider, make_config
 
 import osas
-from osas.backend import build_cloud
+from osas.app import openstack_cloud
 from osas.config import NodeGroupConfig, OsasConfig, load_config
 from osas.demo.certs import DemoAuthority
 
@@ -772,7 +772,7 @@ def test_the_helm_test_script_dials_osas_as_ca_does(rendered, tmp_path):
     )
 
     async def run() -> subprocess.CompletedProcess[str]:
-        provider = Provider(config, build_cloud(config))
+        provider = Provider(config, openstack_cloud(config))
         await provider.start()
         try:
             _, ca_config = ca_cloud_config(objects)

@@ -18,12 +18,12 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from osas import __version__
-from osas.app import App, configure_logging
-from osas.backend import build_cloud
+from osas.app import App, openstack_cloud
 from osas.check import EXIT_CLOUD, EXIT_CONFIG, EXIT_FAILED, EXIT_TLS, check_config
+from osas.cli.status_table import render_status
 from osas.cloud.errors import CloudError
 from osas.config import CONFIG_ENV, ConfigError, OsasConfig, load_config
-from osas.engine.status import render_status
+from osas.process import configure_logging, tune_process
 from osas.service.ops_server import fetch_status
 from osas.service.server import BindError
 from osas.service.tls import CertificateError
@@ -153,6 +153,22 @@ def startup_failure(error: BaseException) -> StartupFailure | None:
     return None
 
 
+def _command_on_config(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], name: str, summary: str
+) -> argparse.ArgumentParser:
+    """A command that reads osas's configuration file and exits with osas's exit codes."""
+    command = commands.add_parser(
+        name, help=summary, epilog=_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    command.add_argument(
+        "--config",
+        type=Path,
+        default=os.environ.get(CONFIG_ENV),
+        help=f"YAML configuration file (default: ${CONFIG_ENV})",
+    )
+    return command
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="osas",
@@ -162,18 +178,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"osas {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    serve = commands.add_parser(
-        "serve",
-        help="run the provider",
-        epilog=_EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    serve.add_argument(
-        "--config",
-        type=Path,
-        default=os.environ.get(CONFIG_ENV),
-        help=f"YAML configuration file (default: ${CONFIG_ENV})",
-    )
+    serve = _command_on_config(commands, "serve", "run the provider")
     serve.add_argument(
         "--log-level",
         default="info",
@@ -186,17 +191,10 @@ def _parser() -> argparse.ArgumentParser:
         choices=["json", "console"],
         help="one JSON object per line, or lines for people (default: json)",
     )
-    check = commands.add_parser(
+    check = _command_on_config(
+        commands,
         "check-config",
-        help="validate the configuration and its TLS files, and resolve its names in the cloud",
-        epilog=_EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    check.add_argument(
-        "--config",
-        type=Path,
-        default=os.environ.get(CONFIG_ENV),
-        help=f"YAML configuration file (default: ${CONFIG_ENV})",
+        "validate the configuration and its TLS files, and resolve its names in the cloud",
     )
     check.add_argument(
         "--wait",
@@ -297,6 +295,17 @@ def _parser() -> argparse.ArgumentParser:
         default=Path("docs/BENCHMARKS.md"),
         help="the report to write (default: docs/BENCHMARKS.md)",
     )
+    bench.add_argument(
+        "--compare-with",
+        type=Path,
+        metavar="CHECKOUT",
+        help="another checkout of osas (e.g. before a change) whose start-up is measured too",
+    )
+    bench.add_argument(
+        "--start-up-only",
+        action="store_true",
+        help="measure only the start-up of osas serve, and rewrite only that section of --out",
+    )
     return parser
 
 
@@ -304,7 +313,7 @@ async def _serve(config: OsasConfig, path: Path | None = None) -> None:
     # Built inside the event loop: grpc.aio binds its servers to the running loop. One
     # registry for the app and the cloud adapter: both record into it.
     registry = CollectorRegistry()
-    app = App(config, build_cloud(config, registry), registry=registry, config_path=path)
+    app = App(config, openstack_cloud(config, registry), registry=registry, config_path=path)
     async with anyio.create_task_group() as group:
         group.start_soon(app.run)
 
@@ -327,6 +336,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.config is None:
         message = f"configuration error: give --config FILE or set {CONFIG_ENV}"
         return StartupFailure("config", EXIT_CONFIG, message).report()
+    tune_process()
     try:
         anyio.run(_serve, load_config(args.config), args.config)
     except BaseException as error:  # sorted below; interrupts are re-raised
@@ -358,7 +368,8 @@ def _config_for(path: Path | None, give: str) -> OsasConfig:
 def _cmd_check(args: argparse.Namespace) -> int:
     configure_logging("warning", "console")
     config = _config_for(args.config, "--config FILE")
-    return anyio.run(partial(check_config, wait=args.wait), config, build_cloud(config), sys.stdout)
+    cloud = openstack_cloud(config)
+    return anyio.run(partial(check_config, wait=args.wait), config, cloud, sys.stdout)
 
 
 def status_url(metrics_listen: str) -> str:
@@ -446,6 +457,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:  # noqa: ARG001 - it takes no op
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     _writable_folder(args.out.parent, args.out.name)
+    if args.compare_with is not None and not (args.compare_with / "osas" / "__main__.py").is_file():
+        raise CommandError(f"{args.compare_with} is not a checkout of osas", EXIT_CONFIG)
     try:
         from osas.bench.run import FULL, QUICK, run_benchmark  # noqa: PLC0415 - an extra's kit
     except ModuleNotFoundError as exc:
@@ -457,7 +470,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             EXIT_EXTRA,
         ) from exc
     plan = QUICK if args.quick else FULL
-    return run_benchmark(plan, sizes=args.sizes, rounds=args.rounds, out=args.out)
+    return run_benchmark(
+        plan,
+        sizes=args.sizes,
+        rounds=args.rounds,
+        out=args.out,
+        compare_with=args.compare_with.resolve() if args.compare_with else None,
+        start_up_only=args.start_up_only,
+    )
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {

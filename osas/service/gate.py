@@ -1,6 +1,8 @@
-"""Every CloudProvider call counted, timed, given a request id, and logged when it matters.
+"""The gate every CloudProvider call passes: admitted under the concurrency cap, counted,
+timed, given a request id, and logged when it matters.
 
-``RpcObserver`` wraps each method's handler once. Each call gets a request id, sent back in the
+``RpcGate`` wraps each method's handler once. A call beyond ``transport.max_concurrent_rpcs``
+in progress is refused RESOURCE_EXHAUSTED. Each call gets a request id, sent back in the
 trailing metadata ``x-request-id`` and bound to the call's log context (so that any line logged
 during the call carries it), and is counted in series made once per method and status code.
 
@@ -74,10 +76,10 @@ class RequestIds:
         return f"{self._prefix}{next(self._counter):08x}"
 
 
-class RpcObserver:
-    """Counts, times and logs the unary methods of one service. ``observe`` wraps a method's
-    behaviour once, when the handlers are built: not a gRPC interceptor, whose per-call chain
-    of awaits costs more than a read from the inventory."""
+class RpcGate:
+    """Admits (under the concurrency cap), counts, times and logs the unary methods of one
+    service. ``wrap`` wraps a method's behaviour once, when the handlers are built: not a gRPC
+    interceptor, whose per-call chain of awaits costs more than a read from the inventory."""
 
     def __init__(
         self, service: ServiceDescriptor, metrics: RpcMetrics, *, max_concurrent: int = 256
@@ -98,14 +100,14 @@ class RpcObserver:
                 has_group="id" in method.input_type.fields_by_name,
             )
 
-    def observe(self, name: str, behavior: Behavior) -> Behavior:
-        """``behavior`` (one method's handler) counted, timed and logged."""
+    def wrap(self, name: str, behavior: Behavior) -> Behavior:
+        """``behavior`` (one method's handler) admitted, counted, timed and logged."""
         method = self._methods[name]
         series = method.metrics
         handled = series.handled
         ids = self._ids
 
-        async def observed(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        async def gated(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             request_id = ids.next()
             # Before the call: an abort sends the status, and these, at once.
             context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
@@ -147,7 +149,7 @@ class RpcObserver:
                         request_id=request_id,
                     )
 
-        return observed
+        return gated
 
 
 def _group(method: _Method, request: Any) -> str | None:

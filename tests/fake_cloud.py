@@ -1,6 +1,7 @@
 """``FakeCloud``: the ``Cloud`` port in process, over the simulator's ``FakeNova``, with latency
-and 5xx injected per call. For the engine's tests and ``cloud_backend: fake``; it translates the
-model's refusals into osas's cloud errors in one place, as the OpenStack adapter does Nova's."""
+and 5xx injected per call: the tests' fake, which no configuration can point ``osas serve``
+at. It translates the model's refusals into osas's cloud errors in one place, as the OpenStack
+adapter does Nova's."""
 
 from __future__ import annotations
 

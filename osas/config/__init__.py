@@ -1,0 +1,20 @@
+"""The configuration: its schema (``schema``), how it is read (``loading``), the value classes
+it becomes (``convert``), what a reload may change (``reload``) and the start-up summary
+(``summary``)."""
+
+from osas.config.loading import CONFIG_ENV, ConfigError, load_config
+from osas.config.reload import RELOADABLE, reloaded, restart_only_changes
+from osas.config.schema import NodeGroupConfig, OsasConfig
+from osas.config.summary import startup_summary
+
+__all__ = [
+    "CONFIG_ENV",
+    "RELOADABLE",
+    "ConfigError",
+    "NodeGroupConfig",
+    "OsasConfig",
+    "load_config",
+    "reloaded",
+    "restart_only_changes",
+    "startup_summary",
+]

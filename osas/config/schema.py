@@ -1,0 +1,403 @@
+"""The configuration file's schema: every key, its type, its limits, its default (read from
+the value class it becomes, see ``convert``) and the checks across keys. Validation only:
+loading is ``loading``'s, what a reload may change is ``reload``'s."""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import json
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    SettingsConfigDict,
+)
+
+from osas.cloud.openstack_settings import OpenStackAuth, OpenStackSettings
+from osas.config.convert import as_values, default_duration, default_of
+from osas.domain.ids import NAME_MAX_LENGTH, NAME_PATTERN
+from osas.domain.ledger import LedgerSettings
+from osas.domain.limits import MAX_GROUP_SIZE
+from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST
+from osas.domain.specs import (
+    ClusterSpec,
+    GpuSpec,
+    NodeGroupSpec,
+    Pricing,
+    TaintEffect,
+)
+from osas.engine.settings import EngineSettings, QueueSettings, ReconcileSettings
+from osas.service.settings import ServerSettings, TransportSettings
+
+ENV_PREFIX = "OSAS_"
+_DURATION_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
+_LABEL_KEY_RE = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+_LABEL_VALUE_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+_DNS_LABEL = r"[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?"
+_DNS_NAME_RE = re.compile(rf"^(?=.{{1,253}}$){_DNS_LABEL}(\.{_DNS_LABEL})*$")
+_ADDRESS_RE = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[^\s:\[\]]+):(\d{1,5})$")
+# Nova caps user data at 65535 bytes once base64-encoded, and metadata items at 255 bytes.
+_USER_DATA_MAX = 65535
+_METADATA_ITEM_MAX = 255
+_PORT_MAX = 65535
+_RESERVED_METADATA = frozenset({META_CLUSTER, META_GROUP, META_REQUEST})
+
+
+def _parse_duration(value: Any) -> Any:
+    """Accept 90, "90", "90s", "5m", "1h30m" as well as what pydantic takes for a timedelta."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r} (use e.g. 30s, 5m, 1h30m)")  # noqa: TRY004
+    try:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.replace(".", "", 1).isdigit():
+                return timedelta(seconds=float(text))
+            match = _DURATION_RE.fullmatch(text)
+            if match and text:
+                hours, minutes, seconds = (float(part) if part else 0.0 for part in match.groups())
+                return timedelta(hours=hours, minutes=minutes, seconds=seconds)
+            raise ValueError(f"not a duration: {value!r} (use e.g. 30s, 5m, 1h30m)")
+        if isinstance(value, int | float):
+            return timedelta(seconds=value)
+    except OverflowError as exc:
+        raise ValueError(f"duration out of range: {value!r}") from exc
+    return value
+
+
+def _positive(value: timedelta) -> timedelta:
+    if value <= timedelta(0):
+        raise ValueError("must be positive")
+    return value
+
+
+Duration = Annotated[timedelta, BeforeValidator(_parse_duration)]
+PositiveDuration = Annotated[timedelta, BeforeValidator(_parse_duration), AfterValidator(_positive)]
+Name = Annotated[str, Field(pattern=NAME_PATTERN, max_length=NAME_MAX_LENGTH)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TlsConfig(_Strict):
+    cert_file: Path
+    key_file: Path
+    client_ca_file: Path
+    # Client identities allowed to call: "dns:NAME", "uri:URI" (SANs) or "cn:NAME".
+    allowed_clients: list[Annotated[str, Field(pattern=r"^(dns|uri|cn):\S+$")]] = []
+    # The names CA dials (the host of its address): the server certificate must cover each,
+    # at start, in check-config and on every rotation.
+    server_names: list[str] = []
+
+    @field_validator("server_names")
+    @classmethod
+    def _names_or_addresses(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not _is_ip(name) and not _DNS_NAME_RE.fullmatch(name):
+                raise ValueError(f"{name!r} is neither a DNS name nor an IP address")
+        return names
+
+
+class TransportConfig(_Strict):
+    max_concurrent_rpcs: int = Field(
+        default_of(TransportSettings, "max_concurrent_rpcs"), ge=1, le=10_000
+    )
+    max_connection_age: PositiveDuration = default_duration(TransportSettings, "max_connection_age")
+    max_connection_age_grace: Duration = default_duration(
+        TransportSettings, "max_connection_age_grace"
+    )
+    keepalive_time: PositiveDuration = default_duration(TransportSettings, "keepalive_time")
+    keepalive_timeout: PositiveDuration = default_duration(TransportSettings, "keepalive_timeout")
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class OpenStackConfig(_Strict):
+    cloud: str | None = None  # an entry of clouds.yaml
+    auth: OpenStackAuth | None = None
+    region_name: str | None = None
+    interface: Literal["public", "internal", "admin"] | None = None
+    verify: bool = True
+    cacert: Path | None = None
+    api_timeout: PositiveDuration = default_duration(OpenStackSettings, "api_timeout")
+    concurrency: int = Field(default_of(OpenStackSettings, "concurrency"), ge=1, le=32)
+    rate_limit: float = Field(
+        default_of(OpenStackSettings, "rate_limit"), gt=0, le=1000, description="calls per second"
+    )
+    attempts: int = Field(default_of(OpenStackSettings, "attempts"), ge=1, le=10)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        if self.cloud and self.auth:
+            raise ValueError("give either 'cloud' (clouds.yaml) or 'auth', not both")
+        return self
+
+
+class ReconcileConfig(_Strict):
+    interval: PositiveDuration = default_duration(ReconcileSettings, "interval")
+    full_resync_interval: Duration = default_duration(ReconcileSettings, "full_resync_interval")
+    max_inventory_age: Duration = default_duration(ReconcileSettings, "max_inventory_age")
+    retry_backoff: PositiveDuration = default_duration(ReconcileSettings, "retry_backoff")
+    # A delete that failed for good is sent again when the server is still listed this long after.
+    delete_retry_after: PositiveDuration = default_duration(LedgerSettings, "delete_retry_after")
+    # A create whose outcome is unknown (timeout, 5xx, lost answer) is never sent again; if no
+    # server of it is listed within this window it is reported failed. Longer than
+    # openstack.api_timeout plus the longest Nova may take to store a server it was sent.
+    create_doubt_window: PositiveDuration = default_duration(LedgerSettings, "create_doubt_window")
+    # Servers in BUILD, or being deleted, longer than these are reported (logs, metrics,
+    # /status); osas never deletes them on its own.
+    stuck_build_after: PositiveDuration = default_duration(ReconcileSettings, "stuck_build_after")
+    stuck_delete_after: PositiveDuration = default_duration(ReconcileSettings, "stuck_delete_after")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.full_resync_interval < self.interval:
+            raise ValueError("full_resync_interval must not be shorter than interval")
+        if self.max_inventory_age <= self.interval:
+            raise ValueError("max_inventory_age must be longer than interval")
+        return self
+
+
+class QueueConfig(_Strict):
+    capacity: int = Field(default_of(QueueSettings, "capacity"), ge=1, le=100_000)
+    workers: int = Field(default_of(QueueSettings, "workers"), ge=1, le=64)
+
+
+class TaintConfig(_Strict):
+    key: str = Field(pattern=_LABEL_KEY_RE.pattern)
+    value: str = Field("", pattern=_LABEL_VALUE_RE.pattern)
+    effect: TaintEffect
+
+
+class GpuConfig(_Strict):
+    count: int = Field(ge=1, le=64)
+    type: str = Field(min_length=1, pattern=_LABEL_VALUE_RE.pattern)
+    resource: str = Field(default_of(GpuSpec, "resource"), pattern=_LABEL_KEY_RE.pattern)
+
+
+class BootVolumeConfig(_Strict):
+    size_gib: int = Field(alias="size", ge=1, le=65536, description="GiB")
+    volume_type: str | None = Field(None, alias="type")
+
+
+class OptionsConfig(_Strict):
+    scale_down_utilization_threshold: float | None = Field(None, ge=0, le=1)
+    scale_down_gpu_utilization_threshold: float | None = Field(None, ge=0, le=1)
+    # Positive: CA uses an answer verbatim, and a 0 there deletes new nodes at once.
+    scale_down_unneeded_time: PositiveDuration | None = None
+    scale_down_unready_time: PositiveDuration | None = None
+    max_node_provision_time: PositiveDuration | None = None
+    zero_or_max_node_scaling: bool | None = None
+    ignore_daemonsets_utilization: bool | None = None
+
+
+class NodeGroupConfig(_Strict):
+    group_id: Name = Field(alias="id")
+    min_size: int = Field(ge=0, le=MAX_GROUP_SIZE)
+    max_size: int = Field(ge=0, le=MAX_GROUP_SIZE)
+    flavor: str = Field(min_length=1)
+    image: str = Field(min_length=1)
+    networks: list[str] = Field(min_length=1)
+    key_name: str | None = None
+    security_groups: list[str] = []
+    availability_zone: str | None = None
+    server_group: str | None = None
+    user_data: str | None = Field(None, repr=False)  # may hold bootstrap tokens
+    # Or the template in a file (a mounted Secret), read at each create; and variables whose
+    # values are files' contents: ${join_token} <- /etc/osas/bootstrap/token.
+    user_data_file: Path | None = None
+    user_data_vars: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], Path] = {}
+    user_data_format: Literal["text", "json"] = default_of(NodeGroupSpec, "user_data_format")
+    boot_volume: BootVolumeConfig | None = None
+    metadata: dict[str, str] = {}
+    labels: dict[str, str] = {}
+    taints: list[TaintConfig] = []
+    gpu: GpuConfig | None = None
+    options: OptionsConfig = OptionsConfig()
+    price_per_hour: float | None = Field(None, ge=0)
+    max_pods: int = Field(default_of(NodeGroupSpec, "max_pods"), ge=1, le=10_000)
+    architecture: Literal["amd64", "arm64", "ppc64le", "s390x"] = default_of(
+        NodeGroupSpec, "architecture"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.min_size > self.max_size:
+            raise ValueError(f"min_size {self.min_size} is greater than max_size {self.max_size}")
+        if self.user_data is not None:
+            encoded = len(base64.b64encode(self.user_data.encode()))
+            if encoded > _USER_DATA_MAX:
+                raise ValueError(
+                    f"user_data is {encoded} bytes base64-encoded; Nova accepts {_USER_DATA_MAX}"
+                )
+        self._check_user_data_sources()
+        reserved = _RESERVED_METADATA & self.metadata.keys()
+        if reserved:
+            raise ValueError(f"metadata keys {sorted(reserved)} are osas's ownership marks")
+        for key, value in self.metadata.items():
+            if not key or len(key) > _METADATA_ITEM_MAX or len(value) > _METADATA_ITEM_MAX:
+                raise ValueError(f"metadata {key!r}: keys and values are 1 to 255 characters")
+        for key, value in self.labels.items():
+            if not _LABEL_KEY_RE.fullmatch(key) or not _LABEL_VALUE_RE.fullmatch(value):
+                raise ValueError(f"label {key!r}={value!r} is not a valid Kubernetes label")
+        return self
+
+    def _check_user_data_sources(self) -> None:
+        if self.user_data is not None and self.user_data_file is not None:
+            raise ValueError("give either user_data or user_data_file, not both")
+        if self.user_data_vars and self.user_data is None and self.user_data_file is None:
+            raise ValueError("user_data_vars needs a template: user_data or user_data_file")
+        builtin = sorted(set(self.user_data_vars) & {"server_name", "node_group", "cluster_name"})
+        if builtin:
+            raise ValueError(f"user_data_vars {builtin} are filled in by osas itself")
+        if self.user_data_format == "json" and self.user_data is not None:
+            try:
+                json.loads(self.user_data)
+            except json.JSONDecodeError as exc:
+                raise ValueError(
+                    f"user_data is not JSON (user_data_format: json): {exc.msg} at line "
+                    f"{exc.lineno}, column {exc.colno}"
+                ) from None
+
+
+class PricingConfig(_Strict):
+    cpu_per_hour: float = Field(ge=0)
+    memory_gib_per_hour: float = Field(ge=0)
+    gpu_per_hour: float = Field(default_of(Pricing, "gpu_per_hour"), ge=0)
+
+
+class OsasConfig(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    cluster_name: Name
+    listen: str = Field("0.0.0.0:8086", pattern=_ADDRESS_RE.pattern)
+    health_listen: str = Field("0.0.0.0:8087", pattern=_ADDRESS_RE.pattern)
+    # Plain HTTP: /metrics, /healthz, /readyz, /status. Off unless set.
+    metrics_listen: str | None = Field(None, pattern=_ADDRESS_RE.pattern)
+    tls: TlsConfig | None = None
+    insecure: bool = False
+    # Plaintext on an address other hosts can reach needs this second, explicit choice.
+    insecure_non_loopback: bool = False
+    transport: TransportConfig = TransportConfig()
+    # Retired: osas runs against OpenStack only (the in-memory cloud is the tests' own).
+    # "openstack" still loads, so that files written for earlier releases do; serve warns.
+    cloud_backend: Literal["openstack"] | None = None
+    openstack: OpenStackConfig = OpenStackConfig()
+    provider_id_region: str = Field("", pattern=r"^[^/\s]*$")
+    gpu_label: str = Field(default_of(ClusterSpec, "gpu_label"), pattern=_LABEL_KEY_RE.pattern)
+    gpu_types: list[str] = []
+    pricing: PricingConfig | None = None
+    reconcile: ReconcileConfig = ReconcileConfig()
+    queue: QueueConfig = QueueConfig()
+    shutdown_grace: Duration = default_duration(ServerSettings, "shutdown_grace")
+    node_groups: list[NodeGroupConfig] = Field(min_length=1)
+
+    @field_validator("cloud_backend", mode="before")
+    @classmethod
+    def _openstack_only(cls, value: Any) -> Any:
+        if value is not None and value != "openstack":
+            raise ValueError(
+                f"{value!r} is no longer offered: osas runs against OpenStack only (the "
+                "in-memory cloud is for osas's own tests); remove cloud_backend"
+            )
+        return value
+
+    @field_validator("listen", "health_listen", "metrics_listen")
+    @classmethod
+    def _port_in_range(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        port = int(value.rpartition(":")[2])
+        if port > _PORT_MAX:
+            raise ValueError(f"{value!r}: port {port} is above {_PORT_MAX}")
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.shutdown_grace < timedelta(0):
+            raise ValueError("shutdown_grace must not be negative")
+        if self.tls is not None and self.insecure:
+            raise ValueError("both 'tls' and 'insecure: true' are set; choose one")
+        if self.tls is None and not self.insecure:
+            raise ValueError("'tls' is required (or set 'insecure: true' to serve plaintext)")
+        if self.insecure and not self.insecure_non_loopback and not _is_loopback(self.listen):
+            raise ValueError(
+                f"listen {self.listen} is not a loopback address: serving plaintext there "
+                "also needs 'insecure_non_loopback: true'"
+            )
+        window = self.reconcile.create_doubt_window.total_seconds()
+        timeout = self.openstack.api_timeout.total_seconds()
+        if window <= timeout:
+            raise ValueError(
+                f"reconcile.create_doubt_window ({window:g}s) must be longer than "
+                f"openstack.api_timeout ({timeout:g}s): Nova may still store a create after "
+                "the client gave up waiting for it"
+            )
+        if self.listen == self.health_listen and not self.listen.endswith(":0"):
+            raise ValueError("listen and health_listen must differ")
+        if self.metrics_listen in {self.listen, self.health_listen} and not str(
+            self.metrics_listen
+        ).endswith(":0"):
+            raise ValueError("metrics_listen must differ from listen and health_listen")
+        seen: set[str] = set()
+        for group in self.node_groups:
+            if group.group_id in seen:
+                raise ValueError(f"duplicate node group id {group.group_id!r}")
+            seen.add(group.group_id)
+        return self
+
+    # -- the value classes the parts run on (``convert``) ---------------------------------------
+
+    def cluster_spec(self) -> ClusterSpec:
+        return as_values(ClusterSpec, self)
+
+    def engine_settings(self) -> EngineSettings:
+        return as_values(EngineSettings, self)
+
+    def ledger_settings(self) -> LedgerSettings:
+        return as_values(LedgerSettings, self.reconcile)
+
+    def openstack_settings(self) -> OpenStackSettings:
+        # The one value derived across blocks: the adapter's retries back off as the engine's.
+        backoff = self.reconcile.retry_backoff.total_seconds()
+        return as_values(OpenStackSettings, self.openstack, backoff=backoff)
+
+    def server_settings(self) -> ServerSettings:
+        return as_values(ServerSettings, self)

@@ -1,0 +1,79 @@
+"""How an osas process is set up before it runs anything: its logging (JSON or console lines
+on stderr, for our events and every library's) and the C library and interpreter settings a
+long-running server with large listings wants."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import sys
+from typing import Literal
+
+import structlog
+
+LogFormat = Literal["json", "console"]
+_QUIET_LIBRARIES = ("keystoneauth", "keystoneauth1", "openstack", "urllib3", "stevedore")
+_M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8  # mallopt's parameters (malloc.h)
+
+
+def configure_logging(level: str = "info", fmt: LogFormat = "json") -> None:
+    """structlog for our own events, and the same rendering for stdlib loggers (domain, grpc)."""
+    shared: list[structlog.types.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    renderer: structlog.types.Processor = (
+        structlog.processors.JSONRenderer()
+        if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        # Events below the level are dropped first, not formatted and then thrown away: a
+        # debug line per call (GetOptions answers UNIMPLEMENTED per node per loop) costs nothing.
+        processors=[
+            structlog.stdlib.filter_by_level,
+            *shared,
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=True,
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=shared,
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                renderer,
+            ],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # Python's warnings and grpc's Python logger ("grpc._cython...") reach stderr through this
+    # handler too, as JSON like every other line (gRPC's C core is silenced in __main__).
+    logging.captureWarnings(capture=True)
+    # Their debug output carries request bodies and token fingerprints: never below WARNING.
+    for name in _QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(max(logging.WARNING, root.level))
+
+
+def tune_process() -> None:
+    """glibc raises its mmap threshold each time a large block is freed, and then serves the
+    megabyte-sized pages of every listing from per-thread heaps that never shrink: at 50,000
+    servers that holds some 20 MB for good. Fixed at glibc's default, with two heaps, such
+    blocks go back to the system when freed. Nothing to do on other C libraries."""
+    # Worker threads parse listings in Python: the event loop gets the GIL back within a
+    # millisecond of asking, not the default five.
+    sys.setswitchinterval(0.001)
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
+        libc.mallopt(_M_ARENA_MAX, 2)
+    except (OSError, AttributeError):
+        return
