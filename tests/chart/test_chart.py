@@ -36,10 +36,9 @@ from chartkit import (
     validate,
 )
 from node_examples import markdown_blocks
-from support import Provider, make_config
+from support import make_config, running
 
 import osas
-from osas.app import openstack_cloud
 from osas.config import NodeGroupConfig, OsasConfig, load_config
 from osas.demo.certs import DemoAuthority
 
@@ -772,9 +771,7 @@ def test_the_helm_test_script_dials_osas_as_ca_does(rendered, tmp_path):
     )
 
     async def run() -> subprocess.CompletedProcess[str]:
-        provider = Provider(config, openstack_cloud(config))
-        await provider.start()
-        try:
+        async with running(config) as provider:
             _, ca_config = ca_cloud_config(objects)
             ca_config.update(
                 address=f"localhost:{provider.app.server.port}",
@@ -787,8 +784,6 @@ def test_the_helm_test_script_dials_osas_as_ca_does(rendered, tmp_path):
             return await anyio.run_process(
                 [sys.executable, "-c", script, str(tmp_path / "cloud-config.yaml")], check=False
             )
-        finally:
-            await provider.stop()
 
     ports: list[int] = []
     done = anyio.run(run)
