@@ -67,9 +67,11 @@ cluster's servers (`osas.bench.cloud`), `osas serve` against it with mTLS at its
 settings, and a bare grpc.aio server (`osas.bench.bare`) with the same mTLS that answers every
 call with the bytes osas answered it, without decoding the request: the limit of gRPC in Python
 on this machine. One Python client, serial calls, requests serialised beforehand, answers
-parsed. Ratios are bare time / osas time (1.0x: osas costs nothing above gRPC itself), measured
-back to back in each round, osas and bare taking turns to go first; min / median / max are over
-rounds (over complete resyncs for the resync rows). Servers are spread over node groups of at
+parsed; while it times calls, what it already holds is frozen from its garbage collector, so
+that its own full collections are not charged to the server it measures. Ratios are bare time /
+osas time (1.0x: osas costs nothing above gRPC itself), measured back to back in each round,
+osas and bare taking turns to go first; min / median / max are over rounds (over complete
+resyncs for the resync rows). Servers are spread over node groups of at
 most 10,000 (osas caps max_size there): 50k servers are 5 groups. Targets are judged at the
 size the table names (at every size when it names none).
 
