@@ -10,12 +10,13 @@ only configuration). A cached answer is a ``Serialized``: the server's response 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from google.protobuf.any_pb2 import Any as AnyMessage
 
 from osas.domain.specs import NodeGroupSpec
-from osas.engine.controller import Controller
+from osas.engine.controller import Controller, NodeGroupView
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.service import translate
 from osas.service.errors import translate_errors
@@ -37,6 +38,24 @@ class Serialized:
         return self.data
 
 
+class _PerGeneration:
+    """One answer per group, serialised once and kept while the group's inventory generation
+    stays the same."""
+
+    __slots__ = ("_answers",)
+
+    def __init__(self) -> None:
+        self._answers: dict[str, tuple[int, Serialized]] = {}
+
+    def answer(self, group: NodeGroupView, render: Callable[[], bytes]) -> Serialized:
+        generation = group.generation()
+        cached = self._answers.get(group.group_id)
+        if cached is None or cached[0] != generation:
+            cached = (generation, Serialized(render()))
+            self._answers[group.group_id] = cached
+        return cached[1]
+
+
 _NOT_OURS = Serialized(
     pb.NodeGroupForNodeResponse(nodeGroup=pb.NodeGroup(id="")).SerializeToString()
 )
@@ -49,9 +68,8 @@ class CloudProviderServicer:
         self._controller = controller
         # group id -> (the spec it was made from, the answer)
         self._for_node: dict[str, tuple[NodeGroupSpec, Serialized]] = {}
-        # group id -> (inventory generation, the answer)
-        self._nodes: dict[str, tuple[int, Serialized]] = {}
-        self._targets: dict[str, tuple[int, Serialized]] = {}
+        self._nodes = _PerGeneration()
+        self._targets = _PerGeneration()
 
     @translate_errors
     async def NodeGroups(
@@ -119,14 +137,12 @@ class CloudProviderServicer:
         self, request: pb.NodeGroupTargetSizeRequest, context: Context
     ) -> Serialized:
         group = self._controller.group(request.id)
-        generation = group.generation()
-        cached = self._targets.get(group.group_id)
-        if cached is None or cached[0] != generation:
-            size = group.target_size()
-            data = pb.NodeGroupTargetSizeResponse(targetSize=size).SerializeToString()
-            cached = (generation, Serialized(data))
-            self._targets[group.group_id] = cached
-        return cached[1]
+        return self._targets.answer(
+            group,
+            lambda: pb.NodeGroupTargetSizeResponse(
+                targetSize=group.target_size()
+            ).SerializeToString(),
+        )
 
     @translate_errors
     async def NodeGroupIncreaseSize(
@@ -155,16 +171,12 @@ class CloudProviderServicer:
         self, request: pb.NodeGroupNodesRequest, context: Context
     ) -> Serialized:
         group = self._controller.group(request.id)
-        generation = group.generation()
-        cached = self._nodes.get(group.group_id)
-        if cached is None or cached[0] != generation:
-            instances = group.nodes()
-            response = pb.NodeGroupNodesResponse(
-                instances=[translate.instance(i) for i in instances]
-            )
-            cached = (generation, Serialized(response.SerializeToString()))
-            self._nodes[group.group_id] = cached
-        return cached[1]
+        return self._nodes.answer(
+            group,
+            lambda: pb.NodeGroupNodesResponse(
+                instances=[translate.instance(i) for i in group.nodes()]
+            ).SerializeToString(),
+        )
 
     @translate_errors
     async def NodeGroupTemplateNodeInfo(
