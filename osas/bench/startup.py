@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -19,7 +18,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from osas.bench.run import Setup, Tls, kit, osas_config, rss_mib, wait_until_serving
+from osas.bench.run import (
+    Setup,
+    Tls,
+    kit,
+    osas_config,
+    rss_mib,
+    stop_process,
+    wait_until_serving,
+)
 
 SERVERS = 1_000  # a small cluster: start-up, not listing, is measured
 KITS = ("osas.sim", "osas.demo", "osas.bench")
@@ -39,6 +46,14 @@ class StartupRow:
 
     def median(self, values: list[float] | list[int]) -> float:
         return statistics.median(values) if values else float("nan")
+
+    def add(self, log: Path, rss: float) -> None:
+        """One round: its memory, and what its importtime log says."""
+        import_ms, modules, kits = _imports(log)
+        self.import_ms.append(import_ms)
+        self.modules.append(modules)
+        self.kits.append(kits)
+        self.rss_mib.append(rss)
 
 
 def _imports(log: Path) -> tuple[float, int, int]:
@@ -75,18 +90,10 @@ async def _serve_once(setup: Setup, row: StartupRow, tree: Path | None, index: i
     try:
         await wait_until_serving(health, process, log, poll=0.02)
         await asyncio.sleep(_SETTLE_SECONDS)
-        row.rss_mib.append(rss_mib(process.pid)[0])
+        rss = rss_mib(process.pid)[0]
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    import_ms, modules, kits = _imports(log)
-    row.import_ms.append(import_ms)
-    row.modules.append(modules)
-    row.kits.append(kits)
+        stop_process(process)
+    row.add(log, rss)
 
 
 def _bare_once(folder: Path, row: StartupRow, index: int) -> None:
@@ -99,15 +106,12 @@ def _bare_once(folder: Path, row: StartupRow, index: int) -> None:
         )
     try:
         time.sleep(_SETTLE_SECONDS)
-        row.rss_mib.append(rss_mib(process.pid)[0])
+        rss = rss_mib(process.pid)[0]
     finally:
         if process.stdin is not None:
             process.stdin.close()
         process.wait(timeout=30)
-    import_ms, modules, kits = _imports(log)
-    row.import_ms.append(import_ms)
-    row.modules.append(modules)
-    row.kits.append(kits)
+    row.add(log, rss)
 
 
 def _commit(tree: Path) -> str:
