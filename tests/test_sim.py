@@ -9,6 +9,7 @@ error shapes as openstacksdk raises them, and the control API other processes us
 from __future__ import annotations
 
 import base64
+import email.utils
 import json
 import stat
 import threading
@@ -811,7 +812,8 @@ def test_keystoneauth_resends_a_create_whose_connection_dropped(sim, conn):
 
 def test_delete_window_is_set_through_the_control_api(sim, conn):
     status, timings = control(sim, "POST", "/_sim/nova", {"delete_seconds": 0.8})
-    assert (status, timings) == (200, {"nova": {"build_seconds": 0.0, "delete_seconds": 0.8}})
+    nova = {"build_seconds": 0.0, "delete_seconds": 0.8, "clock_offset": 0.0}
+    assert (status, timings) == (200, {"nova": nova})
     assert control(sim, "GET", "/_sim/nova")[1]["nova"]["delete_seconds"] == 0.8
     for bad in ({"delete_seconds": -1}, {"build_seconds": "slow"}, {"shutdown_seconds": 1}):
         assert control(sim, "POST", "/_sim/nova", bad)[0] == 400
@@ -1005,6 +1007,7 @@ def test_run_sim_serves_until_stopped_and_writes_clouds_yaml(tmp_path, capsys, m
             assert json.loads(response.read())["nova"] == {
                 "build_seconds": 0.0,
                 "delete_seconds": 1.5,
+                "clock_offset": 0.0,
             }
         monkeypatch.setenv("OS_CLIENT_CONFIG_FILE", str(clouds))
         cloud = openstack.connect(cloud="osas-sim")
@@ -1030,3 +1033,41 @@ def test_flavor_listing_pages_like_nova():
             assert conn.compute.find_flavor("m1.small", ignore_missing=False).name == "m1.small"
         finally:
             conn.close()
+
+
+def test_novas_clock_is_set_through_the_control_api_and_dates_every_answer(sim, conn):
+    """Nova's clock off the real one (negative: behind): its answers' Date and the updated
+    it stamps follow it; changes-since is judged by it."""
+    assert control(sim, "POST", "/_sim/nova", {"clock_offset": -180})[0] == 200
+    assert sim.nova.clock_offset == -180
+    for bad in ({"clock_offset": 2 * 86_400}, {"clock_offset": "late"}):
+        assert control(sim, "POST", "/_sim/nova", bad)[0] == 400
+    before = datetime.now(UTC)
+    response = conn.compute.get("/servers", microversion="2.100")
+    dated = email.utils.parsedate_to_datetime(response.headers["Date"])
+    assert abs((dated - (before - timedelta(seconds=180))).total_seconds()) < 2
+    touched = sim.nova.seed(name="touched")
+    assert abs((touched.updated_at - (before - timedelta(seconds=180))).total_seconds()) < 2
+    # A changes-since taken from osas's own clock, three minutes ahead of Nova's, sees nothing.
+    ahead = before.strftime("%Y-%m-%dT%H:%M:%SZ")
+    listed = conn.compute.get(f"/servers/detail?changes-since={ahead}", microversion="2.100")
+    assert listed.json()["servers"] == []
+
+
+def test_novas_clock_jumping_does_not_stall_builds_or_deletes():
+    """Builds and deletes finish by Nova's events, not by its clock: a clock sent back ten
+    minutes neither holds a build nor a delete for ten minutes."""
+    nova = FakeNova(build_seconds=0.05, delete_seconds=0.05)
+    server = nova.create_server(
+        CreateServerRequest(
+            name="s", flavor="m1.small", image="i", networks=(), metadata={}, tags=()
+        )
+    )
+    nova.clock_offset = -600.0
+    time.sleep(0.1)
+    assert nova.find_server(server.server_id).status == "ACTIVE"
+    nova.clock_offset = 600.0
+    nova.delete_server(server.server_id)
+    nova.clock_offset = 0.0
+    time.sleep(0.1)
+    assert nova.find_server(server.server_id).status == "DELETED"

@@ -17,8 +17,10 @@ the servers compactly:
   ``ports_exceeded`` (creates refused with 403 "Maximum number of ports exceeded"),
   ``lost_create_status`` and ``dropped_create_connections`` (creates stored, then the
   connection closed without an answer).
-- ``GET|POST /_sim/nova``: ``build_seconds`` (null: BUILD until activated) and
-  ``delete_seconds`` (how long a deleted server stays ACTIVE with task_state ``deleting``).
+- ``GET|POST /_sim/nova``: ``build_seconds`` (null: BUILD until activated),
+  ``delete_seconds`` (how long a deleted server stays ACTIVE with task_state ``deleting``) and
+  ``clock_offset`` (seconds Nova's clock is off the real one, negative when behind: Nova stamps
+  ``updated``, judges ``changes-since`` and dates its answers by it).
 - ``GET|POST /_sim/identity``: ``token_lifetime`` (seconds: the ``expires_at`` of new tokens;
   keystoneauth renews a token that ends within two minutes before each request),
   ``refuse_after`` (seconds, or null: every API refuses a token once it is this old, while its
@@ -232,10 +234,15 @@ class Control:
 
 
 # FakeNova's own timings the control API sets, with their types as Faults and Quota spell them.
-_NOVA_TIMINGS = {"build_seconds": "float | None", "delete_seconds": "float"}
+_NOVA_TIMINGS = {
+    "build_seconds": "float | None",
+    "delete_seconds": "float",
+    "clock_offset": "signed float",
+}
 _IDENTITY_TIMES = {"token_lifetime": "float", "refuse_after": "float | None"}
-# Fields whose values are bounded beyond "non-negative".
-_RANGES = {"lost_create_status": (500, 599)}
+# Fields whose values are bounded beyond "non-negative" (a "signed" one may be negative).
+_DAY = 86_400.0
+_RANGES = {"lost_create_status": (500, 599), "clock_offset": (-_DAY, _DAY)}
 
 
 def _assign(target: Faults | Quota, values: Any) -> None:
@@ -248,7 +255,7 @@ def _assign(target: Faults | Quota, values: Any) -> None:
 def _check(values: Any, types: Mapping[str, str]) -> None:
     """Refuse (400) anything but a JSON object of known names with values of their type:
     ``float`` takes any finite non-negative number, ``int`` a non-negative integer (not a
-    boolean), ``... | None`` also null."""
+    boolean), ``signed float`` a negative number too, ``... | None`` also null."""
     if not isinstance(values, Mapping):
         raise _refuse(400, "expected a JSON object")
     unknown = set(values) - set(types)
@@ -258,15 +265,16 @@ def _check(values: Any, types: Mapping[str, str]) -> None:
         kind = types[name]
         if value is None and kind.endswith("| None"):
             continue
-        base = kind.split(" ")[0]
+        signed = kind.startswith("signed ")
+        base = kind.removeprefix("signed ").split(" ")[0]
         number = int | float if base == "float" else int
         if (
             isinstance(value, bool)
             or not isinstance(value, number)
             or not math.isfinite(value)
-            or value < 0
+            or (value < 0 and not signed)
         ):
-            raise _refuse(400, f"{name} must be a non-negative {base}")
+            raise _refuse(400, f"{name} must be a {'' if signed else 'non-negative '}{base}")
         low, high = _RANGES.get(name, (0, math.inf))
         if not low <= value <= high:
             raise _refuse(400, f"{name} must be from {low} to {high}")

@@ -88,12 +88,15 @@ class FakeServer:
     server_group: str | None = None
     security_groups: tuple[str, ...] = ()
     boot_volume_gib: int | None = None
+    # When the delete was asked, by the real clock: Nova's deletes and builds finish by
+    # events, not by comparing its (possibly jumping) clock, so their timing never uses it.
     deleting_since: datetime | None = None
     fault_created: datetime | None = None
     config_drive: bool = False
-    # With Faults.quota_recheck_seconds: when the conductor re-checks the quota. Until then the
-    # server is BUILD/scheduling and the API's own quota check does not count it.
+    # With Faults.quota_recheck_seconds: when the conductor re-checks the quota (real clock).
+    # Until then the server is BUILD/scheduling and the API's own quota check does not count it.
     scheduling_until: datetime | None = None
+    started: datetime | None = None  # when it was created, by the real clock
 
     def record(self) -> ServerRecord:
         return ServerRecord(
@@ -236,7 +239,10 @@ class FakeNova:
         self.flavors = {flavor.flavor_id: flavor for flavor in flavors}
         self.build_seconds = build_seconds  # None: servers stay BUILD until activate()
         self.delete_seconds = delete_seconds
-        self.clock = clock or (lambda: datetime.now(UTC))
+        self._base_clock = clock or (lambda: datetime.now(UTC))
+        # How far Nova's clock is off the real one (negative: behind); Nova stamps
+        # `updated_at`, judges `changes-since` and writes its answers' Date by it.
+        self.clock_offset = 0.0
         self.lock = threading.RLock()
         self.faults = Faults()
         self.quota = Quota()
@@ -250,6 +256,18 @@ class FakeNova:
         # order, kept until a server is added (created_at and ids never change).
         self._unsettled: dict[str, FakeServer] = {}
         self._listing_order: list[FakeServer] | None = None
+
+    @property
+    def clock(self) -> Callable[[], datetime]:
+        """Nova's clock: the one set (the real one by default), off by ``clock_offset``."""
+        return self._now
+
+    @clock.setter
+    def clock(self, clock: Callable[[], datetime]) -> None:
+        self._base_clock = clock
+
+    def _now(self) -> datetime:
+        return self._base_clock() + timedelta(seconds=self.clock_offset)
 
     # -- inspection for tests --------------------------------------------------------------------
 
@@ -507,7 +525,7 @@ class FakeNova:
             server.fault, server.fault_created = Fault(500, NO_VALID_HOST), server.created_at
         elif self.faults.quota_recheck_seconds > 0:
             window = timedelta(seconds=self.faults.quota_recheck_seconds)
-            server.scheduling_until = server.created_at + window
+            server.scheduling_until = (server.started or server.created_at) + window
         return server
 
     def _check_quota(self, request: CreateServerRequest, flavor: Flavor) -> None:
@@ -553,9 +571,9 @@ class FakeNova:
         if server is None or server.status == "DELETED":
             return False
         if server.deleting_since is None:
-            server.deleting_since = self.clock()
+            server.deleting_since = self._base_clock()
             server.task_state = "deleting"
-            server.updated_at = server.deleting_since
+            server.updated_at = self.clock()
             self._unsettled[server_id] = server
         self._advance()
         return True
@@ -627,6 +645,7 @@ class FakeNova:
             tags=set(tags),
             created_at=now,
             updated_at=now,
+            started=self._base_clock(),
         )
         self._servers[server.server_id] = server
         self._unsettled[server.server_id] = server
@@ -635,32 +654,33 @@ class FakeNova:
 
     def _advance(self) -> None:
         """Let time do what Nova does on its own: re-check quotas after scheduling, finish
-        builds and deletions."""
-        now = self.clock()
+        builds and deletions. Durations run on the real clock; what Nova stamps (``updated``)
+        carries Nova's own."""
+        real, now = self._base_clock(), self.clock()
         pending = list(self._unsettled.values())
         due = [
             server
             for server in pending
             if _scheduling(server)
             and server.scheduling_until is not None
-            and now >= server.scheduling_until
+            and real >= server.scheduling_until
         ]
         for server in due:
             self._recheck_quota(server, now)
         for server in pending:
             # build_seconds counts from the end of scheduling when there is a re-check window.
-            build_start = server.scheduling_until or server.created_at
+            build_start = server.scheduling_until or server.started or server.created_at
             if (
                 server.status == "BUILD"
                 and not _scheduling(server)
                 and self.build_seconds is not None
-                and now - build_start >= timedelta(seconds=self.build_seconds)
+                and real - build_start >= timedelta(seconds=self.build_seconds)
             ):
                 self._finish_build(server, now)
             if (
                 server.deleting_since is not None
                 and server.status != "DELETED"
-                and now - server.deleting_since >= timedelta(seconds=self.delete_seconds)
+                and real - server.deleting_since >= timedelta(seconds=self.delete_seconds)
             ):
                 server.status, server.task_state, server.updated_at = "DELETED", None, now
                 server.tags.clear()

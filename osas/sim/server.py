@@ -15,12 +15,12 @@ then stored and answered late, usually after the client gave up). A handler may 
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import ipaddress
 import logging
 import os
 import random
 import signal
-import socket
 import tempfile
 import threading
 import time
@@ -28,10 +28,9 @@ import uuid
 from collections import Counter, deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import FrameType, TracebackType
-from typing import Any, Self
+from types import FrameType
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
@@ -44,6 +43,7 @@ from osas.sim.neutron import FakeNetwork, FakePort, FakeSecurityGroup, Neutron
 from osas.sim.nova import Compute
 from osas.sim.nova_schema import Microversion
 from osas.sim.routing import HttpError, Request, Response, Route, Router
+from osas.sim.serving import BackgroundHttp, TrackedHandler, TrackedHttpServer
 
 logger = logging.getLogger(__name__)
 
@@ -73,34 +73,14 @@ class Exchange:
     status: int  # 0 when the connection was closed without an answer
 
 
-class _HttpServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
+class _HttpServer(TrackedHttpServer):
     def __init__(self, address: tuple[str, int], simulator: SimulatedOpenStack) -> None:
         self.simulator = simulator
-        self.open_connections: set[socket.socket] = set()
-        self.connections_lock = threading.Lock()
         super().__init__(address, _Handler)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive, as requests' connection pool expects
+class _Handler(TrackedHandler):
     server: _HttpServer
-    timeout = 60  # an idle keep-alive connection does not hold a thread forever
-
-    def setup(self) -> None:
-        super().setup()
-        # Headers and body leave in separate writes; without this, Nagle's algorithm and the
-        # client's delayed ACK hold every answer back some 40 ms.
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        with self.server.connections_lock:
-            self.server.open_connections.add(self.connection)
-
-    def finish(self) -> None:
-        with self.server.connections_lock:
-            self.server.open_connections.discard(self.connection)
-        super().finish()
 
     def _serve(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
@@ -123,6 +103,13 @@ class _Handler(BaseHTTPRequestHandler):
             # The client gave up first (a stalled create outlived its timeout).
             self.close_connection = True
 
+    def date_time_string(self, timestamp: float | None = None) -> str:
+        """The Date header, by Nova's clock (the front server of a real cloud shares its host's
+        clock, which is what osas takes changes-since from)."""
+        if timestamp is not None:
+            return super().date_time_string(timestamp)
+        return email.utils.format_datetime(self.server.simulator.nova.clock(), usegmt=True)
+
     # The stdlib dispatches on these names.
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _serve  # noqa: N815
 
@@ -130,7 +117,7 @@ class _Handler(BaseHTTPRequestHandler):
         logger.debug("%s %s", self.address_string(), format % args)
 
 
-class SimulatedOpenStack:
+class SimulatedOpenStack(BackgroundHttp):
     """Keystone v3, Nova v2.1, Glance v2 and Neutron v2.0 on 127.0.0.1, for tests and demos.
 
     ``nova`` is the shared model (tests seed and inspect it directly); ``calls`` counts requests
@@ -163,9 +150,7 @@ class SimulatedOpenStack:
         self.region = region
         self._requested_port = port
         self._random = random.Random(seed)  # noqa: S311 - fault injection, not security
-        self._http: _HttpServer | None = None
-        self._stopping = threading.Event()  # cuts stalls short when the simulator stops
-        self._thread: threading.Thread | None = None
+        super().__init__()  # `stopping` cuts stalls short when the simulator stops
         self._port: int | None = None  # kept after stop, for messages about a past run
 
         self.identity = Identity(region=region, catalog=self._catalog)
@@ -253,46 +238,8 @@ class SimulatedOpenStack:
 
     def start(self) -> None:
         """Listen and serve in a daemon thread; returns once the socket accepts connections."""
-        if self._http is not None:
-            raise RuntimeError("the simulator is already running")
-        self._stopping.clear()
-        self._http = _HttpServer((self.host, self._requested_port), self)
-        self._port = int(self._http.server_address[1])
-        self._thread = threading.Thread(
-            target=self._http.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name=f"osas-sim-{self.port}",
-            daemon=True,
-        )
-        self._thread.start()
-
-    def stop(self) -> None:
-        http, thread = self._http, self._thread
-        if http is None:
-            return
-        self._stopping.set()
-        http.shutdown()
-        # Keep-alive connections would go on being served by their threads: cut them.
-        with http.connections_lock:
-            for connection in list(http.open_connections):
-                with contextlib.suppress(OSError):
-                    connection.shutdown(socket.SHUT_RDWR)
-        http.server_close()
-        if thread is not None:
-            thread.join(timeout=5)
-        self._http, self._thread = None, None
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
+        self._serve(_HttpServer((self.host, self._requested_port), self), "osas-sim")
+        self._port = self.serving_port
 
     @property
     def port(self) -> int:
@@ -422,7 +369,7 @@ class SimulatedOpenStack:
                 stall = route.stall()
             # Outside the lock, so other calls go on; a simulator stopping meanwhile answers
             # nothing and stores nothing.
-            if stall > 0 and self._stopping.wait(stall):
+            if stall > 0 and self.stopping.wait(stall):
                 return Response.drop()
         with self.lock:
             try:
