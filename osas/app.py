@@ -1,10 +1,17 @@
 """The composition root: builds every part from the configuration and runs their lifecycle.
 
-Start: gRPC up and NOT_SERVING (RPCs answer UNAVAILABLE) -> first full sync -> workers and
-reconciler -> SERVING. Stop, all within ``shutdown_grace``: mutations refused and health
+Start: gRPC up and NOT_SERVING (RPCs answer UNAVAILABLE) -> first full sync -> reconciler
+(the inventory is kept warm from now on, leader or not) and ready (kubelet's readiness) ->
+the leader lease (at once when election is off) -> headroom held while an earlier osas's
+creates may still reach Nova -> workers -> SERVING. A standby is ready (its pod counts for
+rollouts and disruption budgets) but no endpoint of CA's Service (the leader publishes
+itself as that), its provider service NOT_SERVING, and it answers every RPC UNAVAILABLE. A
+leader that loses the lease has stopped writing already (fencing by time) and stops
+(``LeaseLost``). Stop, all within ``shutdown_grace``: mutations refused and health
 NOT_SERVING at once, queued creates dropped with one warning, queued deletes sent, in-flight
 RPCs and cloud calls given the rest of the grace; then whatever is left is abandoned (cloud
-calls run in daemon threads, so nothing holds the process) and the cloud client is closed.
+calls run in daemon threads, so nothing holds the process), the lease is released for the
+standby with what it must know, and the cloud client is closed.
 """
 
 from __future__ import annotations
@@ -33,8 +40,12 @@ from osas.config import (
     startup_summary,
 )
 from osas.domain.inventory import Inventory
+from osas.domain.servers import OwnershipMarks
+from osas.election.lease import LeaseElection
+from osas.election.port import Leadership, NoElection
 from osas.engine.collector import EngineCollector
 from osas.engine.controller import Controller
+from osas.engine.deletes import ServerDeleter
 from osas.engine.events import carry_out
 from osas.engine.metrics import EngineMetrics
 from osas.engine.queue import TaskQueue
@@ -48,6 +59,14 @@ from osas.service.server import ProviderServer
 logger = structlog.get_logger(__name__)
 
 _FIRST_SYNC_MAX_BACKOFF = 30.0
+# Written on the Lease when the holder releases it: creates it sent that no listing showed
+# yet. 0 tells the successor no earlier create can still reach Nova, so it holds no headroom.
+CREATES_IN_FLIGHT = "osas.openstack.org/creates-in-flight"
+
+
+class LeaseLost(Exception):
+    """This process held the leader lease and lost it: it stopped writing before the lease
+    could pass to another (renew_deadline < lease_duration), and stops."""
 
 
 async def _essential(name: str, run: Callable[[], Awaitable[None]]) -> None:
@@ -118,10 +137,40 @@ class App:
         )
         for result in ("applied", "rejected", "unchanged"):
             self._reloads.labels(result)
-        self.reconciler = Reconciler(cloud, self.inventory, self.queue, settings, metrics=metrics)
-        self.workers = Workers(cloud, self.inventory, self.queue, settings, metrics=metrics)
+        self.leadership: Leadership = (
+            LeaseElection(config.election_settings())
+            if config.leader_election.enabled
+            else NoElection()
+        )
+        self.lease_lost = False
+        deleter = ServerDeleter(
+            cloud, OwnershipMarks(cluster.cluster_name), self.leadership.may_write
+        )
+        self.reconciler = Reconciler(
+            cloud,
+            self.inventory,
+            self.queue,
+            settings,
+            leading=self.leadership.may_write,
+            metrics=metrics,
+        )
+        self.workers = Workers(
+            cloud,
+            self.inventory,
+            self.queue,
+            settings,
+            deleter=deleter,
+            may_write=self.leadership.may_write,
+            metrics=metrics,
+        )
         self.controller = Controller(
-            self.inventory, self.queue, self.reconciler, settings, metrics=metrics
+            self.inventory,
+            self.queue,
+            self.reconciler,
+            settings,
+            deleter=deleter,
+            standby=self._standby,
+            metrics=metrics,
         )
         server_settings = config.server_settings()
         self.server = ProviderServer(self.controller, server_settings, registry=self.registry)
@@ -135,6 +184,7 @@ class App:
             clock=anyio.current_time,
             readiness=self.readiness,
             rejected_certificate_reloads=self._rejected_reloads,
+            leadership=self.leadership.status,
         )
         self._register_collectors()
         self.ops = (
@@ -161,6 +211,7 @@ class App:
             census=sources.census,
             workers=sources.workers,
             clock=anyio.current_time,
+            leading=self.leadership.may_write,
         )
         registry.register(self._collector)
         registry.register(ServiceCollector(self.readiness, self._rejected_reloads))
@@ -172,12 +223,25 @@ class App:
         certificates = self.server.certificates
         return 0 if certificates is None else certificates.rejected_reloads
 
+    def _standby(self) -> str | None:
+        """Why this process may not answer CA: it does not hold the leader lease (or its
+        renewal is overdue). None when it may: called on every RPC, so kept cheap."""
+        if self.leadership.may_write():
+            return None
+        status = self.leadership.status()
+        return (
+            f"this osas is a standby: the leader lease {status.get('lease')} is held by "
+            f"{status.get('holder') or 'no one yet'}; CA's Service reaches the holder"
+        )
+
     def readiness(self) -> str | None:
         """None when ready (/readyz 200), else why not. An OpenStack outage makes osas not
-        ready, never not alive (/healthz): a restart would not bring OpenStack back."""
+        ready, never not alive (/healthz): a restart would not bring OpenStack back. A warm
+        standby is ready: kubelet's readiness keeps rollouts and disruption budgets working,
+        and CA's Service reaches the leader alone through the endpoint the leader publishes."""
         if self._stop.is_set():
             return "shutting down"
-        if not self.serving.is_set():
+        if not self.inventory.synced:
             return "first sync with OpenStack not done yet"
         refused = self.reconciler.status.credentials_refused
         if refused is not None:
@@ -310,18 +374,78 @@ class App:
                 if self.ops is not None:
                     await self.ops.close()
                 await self.cloud.close()
+        if self.lease_lost:
+            raise LeaseLost(
+                "lost the leader lease (another osas took it, or the Kubernetes API was out of "
+                "reach for renew_deadline): writes stopped first; restarted, osas stands by "
+                "until the Lease is free"
+            )
 
     async def _start_serving(self, background: anyio.abc.TaskGroup) -> None:
         await self._first_sync()
         # What exists now (modules, the inventory) lives as long as the process: the garbage
         # collector's full passes skip it, instead of walking it for tens of milliseconds.
         gc.freeze()
-        background.start_soon(_essential, "workers", self._run_workers)
+        # Leader or standby, the inventory is kept warm: a standby takes over in step.
         background.start_soon(_essential, "reconciler", self.reconciler.run_reconciler)
+        await self.server.set_warm()
         if self.config_path is not None:
             background.start_soon(_essential, "config watcher", self.run_config_watcher)
+        leadership = self.leadership
+        if leadership.enabled:
+            background.start_soon(self._run_election)
+            status = leadership.status()
+            logger.info(
+                "waiting for the leader lease", lease=status["lease"], identity=status["identity"]
+            )
+        else:
+            logger.info(
+                "leader election is off: this osas takes itself for the only writer of "
+                "cluster_name's servers (run it in Kubernetes with leader_election.enabled "
+                "for a standby)",
+                cluster=self.config.cluster_name,
+            )
+        await leadership.elected.wait()
+        if leadership.enabled:
+            self.reconciler.want_complete()  # a standby's inventory had incremental syncs only
+        self._hold_headroom()
+        background.start_soon(_essential, "workers", self._run_workers)
         await self.server.set_serving()
         self.serving.set()
+
+    async def _run_election(self) -> None:
+        """The election loop; when it ends with the lease lost, the process stops: it stopped
+        writing already, and a fresh start as a standby is the clean way back."""
+        await self.leadership.run_election()
+        if self.leadership.lost.is_set() and not self._stop.is_set():
+            logger.error(
+                "lost the leader lease; stopping (writes stopped before another could take it)"
+            )
+            self.lease_lost = True
+            self.stop()
+
+    def _hold_headroom(self) -> None:
+        """Creates an earlier osas (killed, or a lease holder that lost it) sent may still
+        be in Nova's API: until create_doubt_window has passed, no scale-up spends headroom
+        they might occupy. A lease released by a holder with no create in flight says there
+        are none."""
+        if not self.settings.reconcile.hold_after_start:
+            return
+        previous = self.leadership.previous
+        if (
+            previous is not None
+            and previous.released
+            and previous.annotations.get(CREATES_IN_FLIGHT) == "0"
+        ):
+            logger.info("the previous leader released the lease with no create in flight")
+            return
+        window = self.config.reconcile.create_doubt_window.total_seconds()
+        self.inventory.ledger.hold_headroom(anyio.current_time() + window)
+        logger.warning(
+            "scale-ups held until creates an earlier osas may have sent can no longer reach "
+            "Nova; each group's max size is reported as its target meanwhile",
+            seconds=round(window),
+        )
 
     async def _run_workers(self) -> None:
         try:
@@ -351,6 +475,10 @@ class App:
                 deletes_not_sent=self.queue.queued_deletes(),
                 tasks_in_flight=self.queue.in_hand_count() - len(self.queue),
             )
+        if self.leadership.enabled and not self.lease_lost:
+            # The standby takes over at once, told whether a create of ours may still land.
+            in_flight = self.inventory.ledger.creates_unsettled()
+            await self.leadership.release({CREATES_IN_FLIGHT: str(in_flight)})
         background.cancel_scope.cancel()
 
     @property

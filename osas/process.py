@@ -12,7 +12,15 @@ from typing import Literal
 import structlog
 
 LogFormat = Literal["json", "console"]
-_QUIET_LIBRARIES = ("keystoneauth", "keystoneauth1", "openstack", "urllib3", "stevedore")
+_QUIET_LIBRARIES = (
+    "keystoneauth",
+    "keystoneauth1",
+    "openstack",
+    "urllib3",
+    "stevedore",
+    "httpx",  # httpx2 logs under this name: a line per Kubernetes API request
+    "httpcore",
+)
 _M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8  # mallopt's parameters (malloc.h)
 
 

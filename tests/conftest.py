@@ -4,6 +4,11 @@ import logging
 import sys
 from pathlib import Path
 
+# Imported here, not by hypothesis in the middle of a stateful run: hypothesis is a pytest
+# plugin, so pytest rewrites its modules as they are imported, and CPython 3.11.7 fails such a
+# compile under the recursion limit hypothesis raises while it runs ("SystemError: AST
+# constructor recursion depth mismatch", python/cpython#106905, fixed in later releases).
+import hypothesis.internal.conjecture.optimiser  # noqa: F401
 import pytest
 import structlog
 

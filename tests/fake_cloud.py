@@ -19,7 +19,7 @@ from osas.cloud.errors import (
     QuotaExceeded,
     RequestRejected,
 )
-from osas.cloud.port import CreateServerRequest, Reference
+from osas.cloud.port import CreateServerRequest, Reference, ServerListing
 from osas.domain.servers import Flavor, ServerRecord, is_quota_message
 from osas.domain.specs import NodeGroupSpec
 from osas.sim.model import FakeNova, NovaRefusal
@@ -52,25 +52,28 @@ class FakeCloud:
         if faults.error_rate and self._random.random() < faults.error_rate:
             raise CloudUnavailable("503 Service Unavailable (injected)")
 
+    def _listing(self, tags: list[str], changes_since: datetime | None) -> ServerListing:
+        """A listing as Nova answers it, with Nova's clock when it answered (its Date)."""
+        nova = self.nova
+        with nova.lock:
+            now = nova.clock()
+            servers = nova.list_servers(tags=tags, changes_since=changes_since)
+            return ServerListing([server.record() for server in servers], now)
+
     async def list_servers(
         self, tag: str, *, changes_since: datetime | None = None
-    ) -> list[ServerRecord]:
+    ) -> ServerListing:
         await self._call()
-        servers = self.nova.list_servers(tags=[tag], changes_since=changes_since)
-        return [server.record() for server in servers]
+        return self._listing([tag], changes_since)
 
     async def list_server_pages(
         self, tag: str, *, changes_since: datetime | None = None
-    ) -> AsyncIterator[list[ServerRecord]]:
+    ) -> AsyncIterator[ServerListing]:
         yield await self.list_servers(tag, changes_since=changes_since)
 
-    async def list_changes(self, since: datetime) -> list[ServerRecord]:
+    async def list_changes(self, since: datetime) -> ServerListing:
         await self._call()
-        return [server.record() for server in self.nova.list_servers(changes_since=since)]
-
-    async def list_server_ids(self, tag: str) -> set[str]:
-        await self._call()
-        return {server.server_id for server in self.nova.list_servers(tags=[tag])}
+        return self._listing([], since)
 
     async def get_server(self, server_id: str) -> ServerRecord | None:
         await self._call()

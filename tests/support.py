@@ -7,11 +7,13 @@ import contextlib
 import json
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import grpc
 import pytest
@@ -27,7 +29,7 @@ from osas.cloud.port import Cloud
 from osas.config import OsasConfig, load_config
 from osas.demo.client import CaClient, ClientTls, connect
 from osas.domain.limits import NodeInfo
-from osas.domain.servers import META_CLUSTER, META_GROUP, TAG_CLUSTER_PREFIX
+from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST, TAG_CLUSTER_PREFIX
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.sim import SimulatedOpenStack
 from osas.sim.model import FakeNova, FakeServer
@@ -48,6 +50,9 @@ def config_data(**overrides: Any) -> dict[str, Any]:
             "full_resync_interval": "1h",
             "max_inventory_age": "2h",
             "retry_backoff": 0.01,
+            # A test's cloud is new: no earlier osas can have a create on its way to it. The
+            # tests of restarts and takeovers set it true (tests/test_takeover.py).
+            "hold_after_start": False,
         },
         "queue": {"capacity": 50, "workers": 2},
         "shutdown_grace": "5s",
@@ -318,6 +323,7 @@ def big_config(tmp_path: Path, **overrides: Any) -> OsasConfig:
             "retry_backoff": "0.01s",
             "delete_retry_after": "0.5s",
             "create_doubt_window": f"{API_TIMEOUT + 1}s",
+            "hold_after_start": False,  # a new cloud: see config_data
         },
         "openstack": {"api_timeout": f"{API_TIMEOUT}s"},
     }
@@ -408,3 +414,122 @@ def osas_serve(
             process.wait()
         assert process.stderr is not None
         process.stderr.close()
+
+
+class ServedOsas:
+    """``osas serve`` as a process of its own, as in production: its JSON events read from
+    stderr on a thread as they come (so that a chatty process never blocks on a full pipe),
+    SIGKILL or SIGTERM by pid."""
+
+    def __init__(self, config: Path, env: dict[str, str] | None = None) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "osas", "serve", "--config", str(config)],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+        self.events: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                event = {"event": "(not JSON)", "line": line.rstrip()}
+            with self._lock:
+                self.events.append(event)
+
+    def seen(self, name: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [event for event in self.events if event.get("event") == name]
+
+    def wait_for(self, name: str, timeout: float = 30.0) -> dict[str, Any]:
+        """The first ``name`` event, waited for; fails with what the process said."""
+        deadline = time.monotonic() + timeout
+        while not (found := self.seen(name)):
+            if self.process.poll() is not None and not self._reader.is_alive():
+                msg = f"osas serve exited {self.process.returncode} before {name!r}"
+                raise AssertionError(f"{msg}: {[e.get('event') for e in self.events][-20:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {name!r} within {timeout}s")
+            time.sleep(0.05)
+        return found[0]
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.wait_for('grpc listening')['port']}"
+
+    def kill(self) -> None:
+        """kill -9: nothing of osas runs after this."""
+        self.process.kill()
+        self.process.wait(timeout=10)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM, and the exit code."""
+        if self.process.poll() is None:
+            self.process.terminate()
+        return self.process.wait(timeout=timeout)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process.poll() is None:
+            self.kill()
+        self._reader.join(timeout=5)
+        if self.process.stderr is not None:
+            self.process.stderr.close()
+
+
+class NovaWatch:
+    """Nova's servers of a group watched from a thread of its own (the test's event loop may
+    be blocked waiting for a process): the most it ever held at once, not being deleted, and
+    every request id that had two servers at once."""
+
+    def __init__(self, sim: SimulatedOpenStack, group: str = "big") -> None:
+        self.sim = sim
+        self.group = group
+        self.most = 0
+        self.twice: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def live(self) -> list[FakeServer]:
+        return [
+            s
+            for s in self.sim.nova.live_servers()
+            if s.metadata.get(META_GROUP) == self.group and s.deleting_since is None
+        ]
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.01):
+            servers = self.live()
+            self.most = max(self.most, len(servers))
+            counts = Counter(s.metadata.get(META_REQUEST) for s in servers)
+            self.twice |= {request for request, n in counts.items() if n > 1 and request}
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+async def increase_once_allowed(ca: CaClient, group: str, delta: int, timeout: float) -> None:
+    """IncreaseSize, sent again while headroom is held after a start or a takeover
+    (FAILED_PRECONDITION, the reason saying for how long)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            await ca.increase(group, delta)
+        except grpc.aio.AioRpcError as error:
+            held = error.code() is grpc.StatusCode.FAILED_PRECONDITION
+            if not held or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+        else:
+            return

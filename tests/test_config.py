@@ -29,6 +29,7 @@ from osas.domain.specs import (
     Taint,
     TaintEffect,
 )
+from osas.election import ElectionSettings
 from osas.engine.settings import EngineSettings, QueueSettings, ReconcileSettings
 from osas.service.settings import ServerSettings, TlsFiles, TransportSettings
 
@@ -755,6 +756,7 @@ def test_engine_settings_from_valid_config(tmp_path):
             full_resync_interval=3600.0,
             max_inventory_age=7200.0,
             retry_backoff=0.01,
+            hold_after_start=False,
         ),
     )
 
@@ -765,9 +767,10 @@ def test_engine_settings_defaults(tmp_path):
     settings = load(tmp_path, data).engine_settings()
     assert (settings.queue.capacity, settings.queue.workers) == (1000, 10)
     assert settings.reconcile.interval == 10.0
-    assert settings.reconcile.full_resync_interval == 600.0
+    assert settings.reconcile.full_resync_interval == 1800.0
     assert settings.reconcile.max_inventory_age == 180.0
     assert settings.reconcile.retry_backoff == 1.0
+    assert settings.reconcile.hold_after_start
 
 
 # What the file offers and the value it becomes are built from one list of names: a key added to
@@ -785,6 +788,12 @@ VALUE_CLASSES = [
     (schema.OpenStackConfig, OpenStackSettings, {"backoff", "backoff_max", "resolve_ttl"}),
     (schema.TlsConfig, TlsFiles, set()),
     (schema.QueueConfig, QueueSettings, {"delete_attempts"}),
+    # What the pod is (downward API) and the port CA is served on: not the file's to say.
+    (
+        schema.LeaderElectionConfig,
+        ElectionSettings,
+        {"endpoint_port", "endpoint_port_name", "pod_ip", "node_name"},
+    ),
 ]
 # The ledger's own memory and attempts: not settings an operator needs.
 LEDGER_OWN = {"create_attempts", "removed_memory", "given_up_memory"}

@@ -70,7 +70,7 @@ def write_work(folder: Path) -> ClientTls:
             "allowed_clients": ["dns:cluster-autoscaler.kube-system.svc"],
         },
         "openstack": {"cloud": "osas-sim"},
-        "reconcile": {"interval": "1s", "full_resync_interval": "10s"},
+        "reconcile": {"interval": "1s", "full_resync_interval": "10s", "hold_after_start": False},
         "node_groups": [SIM_WORKERS],
     }
     (folder / "osas.yaml").write_text(yaml.safe_dump(config))

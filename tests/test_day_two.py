@@ -106,6 +106,7 @@ def sim_config(tmp_path, sim: SimulatedOpenStack, **overrides):
             "full_resync_interval": "1h",
             "max_inventory_age": "1h",
             "retry_backoff": "0.01s",
+            "hold_after_start": False,  # a new cloud (support.config_data)
         },
     }
     data = config_data(**{**values, **overrides})
@@ -247,6 +248,61 @@ async def test_a_server_deleted_by_hand_leaves_cas_view_within_one_incremental_s
     assert calls == {"compute.servers.list": 1}  # one listing, no GET per server
     assert "changes-since" in listed[0].target
     assert "tags" not in listed[0].target
+
+
+async def test_a_mark_removed_by_hand_never_loops_ca(tmp_path):
+    """Issue 20, problem 3: `openstack server unset --property osas-cluster` (Nova's metadata
+    DELETE leaves updated_at alone, so no changes-since shows it). DeleteNodes of that server
+    answered OK, the worker then refused to delete it, and the server came back into CA's
+    view: CA asked again every loop. Now DeleteNodes reads the server before answering and
+    refuses with the reason; the server leaves CA's view and is never deleted; asked again,
+    the same refusal. Another server unmarked by hand (a metadata key deleted, or its cluster
+    tag removed, which takes it out of the tagged listing) leaves CA's view at the next
+    complete listing, which reads every server's marks again; DeleteNodes of it is refused
+    with the reason too."""
+    with SimulatedOpenStack(FakeNova(build_seconds=0.05, delete_seconds=0.0)) as sim:
+        sim.nova.clock_offset = -3600.0  # made an hour ago: no changes-since overlaps them
+        ids = sorted(seed_running(sim, 4))
+        sim.nova.clock_offset = 0.0
+        _, path = sim_config(tmp_path, sim)
+        provider = Provider(load_config(path), cloud_for(sim), config_path=path)
+        await provider.start()
+        try:
+            async with ca_client(provider.address) as ca:
+                assert await ca.target_size("big") == 4
+                unmarked, unlisted, untagged = ids[0], ids[1], ids[2]
+                sim.nova.delete_metadata_key(unmarked, META_CLUSTER)
+                sim.nova.delete_metadata_key(unlisted, META_GROUP)
+                with sim.nova.lock:  # DELETE /servers/{id}/tags/{tag}: updated_at unchanged
+                    sim.nova.find_server(untagged).tags.discard(TAG)
+                await provider.sync(full=False)  # nothing for changes-since to show
+                assert f"openstack:///{unmarked}" in {i.id for i in await ca.nodes("big")}
+                node = [(f"n-{unmarked[:6]}", f"openstack:///{unmarked}")]
+                for _ in range(2):  # CA's loop asking again gets the reason again
+                    details = await expect_status(
+                        grpc.StatusCode.FAILED_PRECONDITION, ca.delete("big", node)
+                    )
+                    assert unmarked in details
+                    assert "ownership marks" in details
+                assert f"openstack:///{unmarked}" not in {i.id for i in await ca.nodes("big")}
+                assert await ca.target_size("big") == 3
+                await provider.sync(full=True)
+                shown = {i.id for i in await ca.nodes("big")}
+                assert f"openstack:///{unlisted}" not in shown
+                assert f"openstack:///{untagged}" not in shown
+                assert await ca.target_size("big") == 1
+                node = [(f"n-{untagged[:6]}", f"openstack:///{untagged}")]
+                details = await expect_status(
+                    grpc.StatusCode.FAILED_PRECONDITION, ca.delete("big", node)
+                )
+                assert "ownership marks" in details
+                status = provider.app.status()
+        finally:
+            await provider.stop()
+        deleted = [s.server_id for s in sim.nova.all_servers() if s.deleting_since is not None]
+    assert deleted == []
+    assert sim.calls.get("compute.servers.delete", 0) == 0
+    assert status["groups"][0]["target_size"] == 1
 
 
 # -- 3: credentials: an expired or revoked token costs one authentication, never a failure ----
@@ -431,6 +487,7 @@ async def test_refresh_faster_than_the_interval_costs_one_extra_listing_per_inte
                 "interval": f"{interval}s",
                 "full_resync_interval": "1h",
                 "max_inventory_age": "1h",
+                "hold_after_start": False,
             },
         )
         provider = Provider(load_config(path), cloud_for(sim), config_path=path)

@@ -36,7 +36,11 @@ def test_base_manifest_config_is_valid(tmp_path):
     assert config.tls is not None
     assert "osas.kube-system.svc" in config.tls.server_names
     deployment = next(d for d in objects if d["kind"] == "Deployment")
-    assert deployment["spec"]["replicas"] == 1  # one writer
+    # One writer among two replicas, elected through the Lease: the holder publishes itself
+    # as the only endpoint of the Service CA dials, the other stands by.
+    assert deployment["spec"]["replicas"] == 2
+    assert config.leader_election.enabled
+    assert config.leader_election.service_name == "osas"
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == f"registry.invalid/osas:{osas.__version__}"  # never pulled
     tls_mount = next(m for m in container["volumeMounts"] if m["name"] == "tls")

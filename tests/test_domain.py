@@ -957,31 +957,31 @@ def test_plan_increase():
     inv = inventory(spec, server(), server(status="ERROR"))
     queued(inv)
     failed(inv)
-    assert plan_increase(spec, inv, "workers", 1) == 1
+    assert plan_increase(spec, inv, "workers", 1, NOW) == 1
     assert inv.target_size("workers") == 4  # planning changes nothing
     with pytest.raises(PreconditionFailed):
-        plan_increase(spec, inv, "workers", 2)
+        plan_increase(spec, inv, "workers", 2, NOW)
 
 
 @pytest.mark.parametrize("delta", [0, -1, -5])
 def test_plan_increase_delta_must_be_positive(delta):
     spec = cluster()
     with pytest.raises(InvalidRequest):
-        plan_increase(spec, inventory(spec), "workers", delta)
+        plan_increase(spec, inventory(spec), "workers", delta, NOW)
 
 
 def test_plan_increase_up_to_max_exactly():
     spec = cluster(node_group("workers", max_size=3))
     inv = inventory(spec, server(), server(task_state="deleting"))
-    assert plan_increase(spec, inv, "workers", 2) == 2
+    assert plan_increase(spec, inv, "workers", 2, NOW) == 2
     with pytest.raises(PreconditionFailed):
-        plan_increase(spec, inv, "workers", 3)
+        plan_increase(spec, inv, "workers", 3, NOW)
 
 
 def test_plan_increase_unknown_group():
     spec = cluster()
     with pytest.raises(NodeGroupNotFound):
-        plan_increase(spec, inventory(spec), "nope", 1)
+        plan_increase(spec, inventory(spec), "nope", 1, NOW)
 
 
 # -- plan_decrease --------------------------------------------------------------------------------
@@ -1808,20 +1808,24 @@ def test_finish_delete_gone_drops_the_mark_and_the_server():
     assert inv.ledger.deleting_ids() == []
 
 
-def test_finish_delete_not_ours_drops_the_mark_and_keeps_the_server():
+def test_finish_delete_not_ours_drops_the_mark_and_the_server():
+    """A fresh read right before the delete showed the server without our marks: not
+    deleted, never sent again, and no longer reported (it is not ours); a DeleteNodes naming
+    it is refused with the reason."""
     a = server()
     inv = inventory(None, a)
     mark(inv, a.server_id)
     assert inv.target_size("workers") == 0
     orders = inv.ledger.finish_delete(a.server_id, DeleteOutcome.NOT_OURS, 102.0)
     assert orders.count(EventKind.DELETE_REFUSED) == 1
+    assert orders.count(EventKind.MARKS_LOST) == 1
     assert orders.deletes == ()
     assert inv.ledger.deleting_ids() == []
-    assert inv.server(a.server_id) == a
-    assert inv.target_size("workers") == 1
-    # Not sent again: the mark is gone.
-    retry = inv.ledger.settings.delete_retry_after
-    assert full_sync(inv, a, now=101.0 + retry).deletes == ()
+    assert inv.server(a.server_id) is None
+    assert inv.target_size("workers") == 0
+    assert inv.ledger.lost_marks(f"openstack:///{a.server_id}")
+    with pytest.raises(PreconditionFailed, match="ownership marks"):
+        plan_delete(inv.cluster, inv, "workers", [("n", f"openstack:///{a.server_id}")])
 
 
 @pytest.mark.parametrize("outcome", [DeleteOutcome.SENT, DeleteOutcome.FAILED])
@@ -2138,3 +2142,93 @@ def test_pod_price():
 def test_pod_price_not_supported_without_table():
     with pytest.raises(NotSupported):
         pod_price(None, {"cpu": Decimal(1)}, "nvidia.com/gpu", 0.0, 3600.0)
+
+
+# -- what survives the process: held headroom, CA's deletes not sent, marks lost by hand -------
+
+
+def test_held_headroom_refuses_scale_ups_and_reports_the_target_as_max():
+    """After a start or a takeover, creates an earlier osas sent may still reach Nova: until
+    the hold ends, IncreaseSize spends no headroom, and the max size CA is told is the
+    target (never below min), so that CA plans none."""
+    spec = cluster(node_group("workers", min_size=1, max_size=10))
+    inv = inventory(spec, server(), server())
+    inv.ledger.hold_headroom(NOW + 30)
+    assert inv.ledger.headroom_held(NOW) == 30
+    with pytest.raises(PreconditionFailed, match="held for 30s more"):
+        plan_increase(spec, inv, "workers", 1, NOW)
+    assert inv.ledger.reported_max("workers", 10, 1, NOW) == 2
+    # An earlier life's server shows up meanwhile: the reported max follows, never past max.
+    changes(inv, [server()])
+    assert inv.ledger.reported_max("workers", 10, 1, NOW + 1) == 3
+    empty = inventory(cluster(node_group("workers", min_size=1, max_size=10)))
+    empty.ledger.hold_headroom(NOW + 30)
+    assert empty.ledger.reported_max("workers", 10, 1, NOW) == 1
+    # Over: everything as configured again.
+    assert inv.ledger.headroom_held(NOW + 30) is None
+    assert inv.ledger.reported_max("workers", 10, 1, NOW + 30) == 10
+    assert plan_increase(spec, inv, "workers", 7, NOW + 30) == 7
+
+
+def test_holding_headroom_moves_every_groups_generation():
+    """Cached answers carry the max size: they must not outlive the hold's start."""
+    inv = inventory()
+    before = {g: inv.generation(g) for g in ("workers", "gpu")}
+    inv.ledger.hold_headroom(NOW + 5)
+    assert all(inv.generation(g) > before[g] for g in before)
+
+
+def test_creates_unsettled_counts_what_a_successor_must_wait_for():
+    inv = inventory()
+    queued(inv)
+    failed(inv)
+    assert inv.ledger.creates_unsettled() == 0
+    sending(inv)
+    in_doubt(inv)
+    created(inv)
+    assert inv.ledger.creates_unsettled() == 3
+
+
+def test_a_delete_ca_was_told_failed_is_taken_back():
+    """CA's DeleteNodes whose DELETE did not reach Nova before the answer: the server is
+    counted again and never deleted later on osas's own."""
+    a, b = server(), server()
+    inv = inventory(None, a, b)
+    mark(inv, a.server_id)
+    assert inv.target_size("workers") == 1
+    orders = inv.ledger.delete_not_sent(a.server_id, "no answer from Nova within 4.7s", 102.0)
+    assert orders.count(EventKind.DELETE_NOT_SENT) == 1
+    assert inv.ledger.deleting_ids() == []
+    assert inv.target_size("workers") == 2
+    retry = inv.ledger.settings.delete_retry_after
+    assert full_sync(inv, a, b, now=102.0 + retry).deletes == ()
+
+
+def test_a_complete_listing_showing_a_server_without_a_mark_takes_it_out_of_view():
+    """A metadata mark deleted by hand (Nova leaves updated_at alone, so only a complete
+    listing reads it again): the server leaves CA's view, is never deleted, and DeleteNodes
+    naming it is refused with the reason rather than answered OK."""
+    a, b = server(), server()
+    inv = inventory(None, a, b)
+    generation = inv.ledger.begin_sync()
+    orders = inv.ledger.settle_complete(generation, [], [], NOW, unowned=[a.server_id])
+    assert orders.count(EventKind.MARKS_LOST) == 1
+    assert orders.deletes == ()
+    assert inv.server(a.server_id) is None
+    assert inv.target_size("workers") == 1
+    assert pid(a) not in {i.instance_id for i in inv.instances("workers")}
+    with pytest.raises(PreconditionFailed, match="ownership marks"):
+        plan_delete(inv.cluster, inv, "workers", [("n", pid(a))])
+    # Its marks put back: a listing adopts it again, as ours.
+    changes(inv, [a])
+    assert inv.server(a.server_id) == a
+    assert plan_delete(inv.cluster, inv, "workers", [("n", pid(a))]).servers == (a.server_id,)
+
+
+def test_an_incremental_listing_showing_a_mark_changed_takes_the_server_out_of_view():
+    a = server()
+    inv = inventory(None, a)
+    orders = inv.ledger.settle_changes(inv.ledger.begin_sync(), [], [], NOW, unowned=[a.server_id])
+    assert orders.count(EventKind.MARKS_LOST) == 1
+    assert inv.target_size("workers") == 0
+    assert inv.ledger.marks_lost([a.server_id], NOW) == Orders()  # told once

@@ -9,7 +9,7 @@ from fake_cloud import FakeCloud
 from support import CLUSTER, Provider, eventually, make_config, nodes, provider_id, running
 
 from osas.cloud.errors import CloudUnavailable
-from osas.domain.errors import NotReady
+from osas.domain.errors import NotReady, PreconditionFailed
 from osas.domain.inventory import InstanceState
 from osas.domain.limits import NodeInfo
 from osas.domain.servers import META_CLUSTER, META_GROUP, TAG_CLUSTER_PREFIX
@@ -74,7 +74,9 @@ async def test_incremental_sync_sees_changes_and_our_deletions(tmp_path):
         assert nova.calls["servers.list"] == calls_before + 1
         assert app.inventory.server(added) is not None
         nova.activate()
-        app.controller.group_to_change("workers").delete_nodes(nodes([("kept", provider_id(kept))]))
+        await app.controller.group_to_change("workers").delete_nodes(
+            nodes([("kept", provider_id(kept))])
+        )
         await eventually(
             lambda: app.inventory.server(kept) is not None and not nova.get_server(kept)
         )
@@ -125,17 +127,25 @@ async def test_foreign_servers_are_never_reported_or_deleted(tmp_path):
 
 
 async def test_delete_refused_when_marks_changed_since_the_sync(tmp_path):
+    """A server whose mark changed by hand since the last listing: DeleteNodes is refused
+    with the reason (never OK, then a silent refusal that CA would ask again for ever), the
+    server leaves CA's view, and is not deleted."""
     nova = FakeNova()
     server_id = ours(nova, name="a")
     ours(nova, name="b")
     async with running(make_config(tmp_path), FakeCloud(nova)) as provider:
         nova.get_server(server_id).metadata[META_CLUSTER] = "someone-else"
-        provider.app.controller.group_to_change("workers").delete_nodes(
-            nodes([("a", provider_id(server_id))])
-        )
-        await eventually(lambda: not provider.app.queue.in_hand_count(), what="delete handled")
+        group = provider.app.controller.group_to_change("workers")
+        with pytest.raises(PreconditionFailed, match="ownership marks"):
+            await group.delete_nodes(nodes([("a", provider_id(server_id))]))
         assert nova.get_server(server_id) is not None
         assert nova.calls["servers.delete"] == 0
+        view = provider.app.controller.group("workers")
+        assert provider_id(server_id) not in {i.instance_id for i in view.nodes()}
+        assert view.target_size() == 1
+        # CA asking again gets the reason again, not an OK.
+        with pytest.raises(PreconditionFailed, match="ownership marks"):
+            await group.delete_nodes(nodes([("a", provider_id(server_id))]))
 
 
 async def test_failed_sync_keeps_inventory_and_refresh_fails_when_stale(tmp_path):
@@ -146,6 +156,7 @@ async def test_failed_sync_keeps_inventory_and_refresh_fails_when_stale(tmp_path
         "full_resync_interval": "1h",
         "max_inventory_age": "2h",
         "retry_backoff": 0.01,
+        "hold_after_start": False,
     }
     async with running(make_config(tmp_path, reconcile=reconcile), FakeCloud(nova)) as provider:
         app = provider.app
@@ -183,6 +194,7 @@ async def test_faulty_cloud_scale_up_then_down_converges(tmp_path):
         "full_resync_interval": "1h",
         "max_inventory_age": "2h",
         "retry_backoff": 0.01,
+        "hold_after_start": False,
         "delete_retry_after": 0.05,
         "create_doubt_window": 0.2,
     }
@@ -203,7 +215,7 @@ async def test_faulty_cloud_scale_up_then_down_converges(tmp_path):
         await sync_despite_faults(provider)
         failed = [i for i in app.controller.group("workers").nodes() if i.error is not None]
         if failed:
-            app.controller.group_to_change("workers").delete_nodes(
+            await app.controller.group_to_change("workers").delete_nodes(
                 nodes([(i.instance_id, i.instance_id) for i in failed])
             )
         await sync_despite_faults(provider)
@@ -215,11 +227,17 @@ async def test_faulty_cloud_scale_up_then_down_converges(tmp_path):
             for i in app.controller.group("workers").nodes()
             if i.state != InstanceState.DELETING
         ]
-        app.controller.group_to_change("workers").delete_nodes(
-            nodes([("n", pid) for pid in running_ids[1:]])
-        )
+        # A DeleteNodes that Nova's 5xx kept from reaching it is refused, and CA asks again.
+        for pid in running_ids[1:]:
+            for _ in range(100):
+                try:
+                    await app.controller.group_to_change("workers").delete_nodes(
+                        nodes([("n", pid)])
+                    )
+                except CloudUnavailable:
+                    continue
+                break
         assert app.controller.group("workers").target_size() == 1
-        # Deletes that failed for good are sent again by the syncs that still see the server.
         for _ in range(200):
             if len(nova.live_servers()) == 1:
                 break
@@ -232,7 +250,10 @@ async def test_faulty_cloud_scale_up_then_down_converges(tmp_path):
         assert app.inventory.ledger.deleting_ids() == []
 
 
-async def test_failed_delete_is_sent_again_by_the_reconciler(tmp_path):
+async def test_a_delete_that_cannot_reach_nova_is_refused_and_the_server_stays(tmp_path):
+    """DeleteNodes answers OK only once Nova took the DELETE: when it cannot, CA is told
+    (UNAVAILABLE), the server stays counted, and osas sends nothing later on its own (CA
+    untainted the node; deleting it behind CA's back would surprise its pods)."""
     nova = FakeNova()
     doomed = ours(nova, name="doomed")
     ours(nova, name="kept")
@@ -241,22 +262,27 @@ async def test_failed_delete_is_sent_again_by_the_reconciler(tmp_path):
         "full_resync_interval": "1h",
         "max_inventory_age": "2h",
         "retry_backoff": 0.01,
+        "hold_after_start": False,
         "delete_retry_after": 0.01,
     }
     config = make_config(tmp_path, reconcile=reconcile)
     async with running(config, FakeCloud(nova)) as provider:
         app = provider.app
-        nova.faults.error_rate = 1.0  # every attempt of the delete fails
-        app.controller.group_to_change("workers").delete_nodes(
-            nodes([("doomed", provider_id(doomed))])
-        )
-        await eventually(lambda: not app.queue.in_hand_count(), what="delete given up")
-        assert nova.get_server(doomed) is not None
-        assert app.controller.group("workers").target_size() == 1  # still counted as going
+        nova.faults.error_rate = 1.0  # every call fails
+        with pytest.raises(CloudUnavailable, match="could not read"):
+            await app.controller.group_to_change("workers").delete_nodes(
+                nodes([("doomed", provider_id(doomed))])
+            )
+        assert app.controller.group("workers").target_size() == 2
+        assert app.inventory.ledger.deleting_ids() == []
         nova.faults.error_rate = 0.0
         await asyncio.sleep(0.02)
-        await provider.sync()  # sees the server still there, long after it was marked
-        await eventually(lambda: nova.get_server(doomed) is None, what="delete sent again")
         await provider.sync()
-        assert app.inventory.ledger.deleting_ids() == []
+        assert nova.get_server(doomed) is not None
+        assert nova.calls["servers.delete"] == 0
+        # Asked again with Nova answering: deleted before the answer.
+        await app.controller.group_to_change("workers").delete_nodes(
+            nodes([("doomed", provider_id(doomed))])
+        )
+        assert nova.calls["servers.delete"] == 1
         assert app.controller.group("workers").target_size() == 1

@@ -4,12 +4,15 @@ convergence.
 A hypothesis state machine plays the Cluster Autoscaler against a real osas (gRPC on
 127.0.0.1) and the simulated OpenStack (HTTP, unmodified openstacksdk) while it breaks Nova in
 every way osas must survive (5xx, latency, creates Nova stores only after the client gave up,
-lost answers, its quota re-check, restarts by kill and by SIGTERM) and while operators and the
-world act on it: configuration reloads (max_size down and up, the group removed and added back,
-its flavor changed, a file that does not load), Keystone revoking every token, a server deleted
-by hand (gone from CA's view after one incremental sync), servers of an earlier life sharing a
-request id seeded before a restart. Whenever the faults stop and CA's loop has converged, these
-must hold:
+lost answers, its quota re-check, Nova's clock jumping back and forth by up to ten minutes,
+restarts by kill and by SIGTERM, a kill -9 at a random instant of a scale-up or a scale-down)
+and while operators and the world act on it: configuration reloads (max_size down and up, the
+group removed and added back, its flavor changed, a file that does not load), Keystone revoking
+every token, a server deleted by hand (gone from CA's view after one incremental sync), a
+server's ownership mark removed by hand, servers of an earlier life sharing a request id seeded
+before a restart, a second osas process started against the same cluster and stopped. osas
+runs under a leader Lease (the test suite's Kubernetes API stand-in), as in Kubernetes.
+Whenever the faults stop and CA's loop has converged, these must hold:
 
 - no kept duplicate: at most one live server per create request osas sent, and no create made
   twice; servers an earlier life left sharing a request id are kept until CA scales them down;
@@ -18,6 +21,10 @@ must hold:
   CA asks;
 - no foreign server touched: look-alikes of other clusters, and unmarked ones, are untouched;
 - no create reported failed for refused tokens;
+- a DeleteNodes answered OK is carried out, even when osas was killed right after answering;
+- never above max_size, also across a kill -9 with creates in Nova's API (unless Nova took
+  longer to store them than the doubt window, which voids the promise by definition);
+- a second osas never writes: it stands by while the first holds the Lease;
 - target and servers agree: CA's target, the running instances and Nova's servers are equal,
   and CA's view is Nova's.
 """
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import tempfile
 import time
 from collections import Counter
@@ -40,6 +48,7 @@ from support import (
     CLUSTER,
     TAG,
     Provider,
+    ServedOsas,
     cloud_for,
     config_data,
     kept,
@@ -58,13 +67,15 @@ from osas.domain.servers import (
     TAG_REQUEST_PREFIX,
 )
 from osas.sim import SimulatedOpenStack
-from osas.sim.model import FakeNova
+from osas.sim.kubernetes import KubeStandIn
+from osas.sim.model import FakeNova, NovaRefusal
 
 MAX_SIZE = 5
 API_TIMEOUT = 0.4
 DOUBT_WINDOW = 1.0
 STALLS = (0.0, 0.6, 1.5)  # shorter and longer than the client's timeout and the doubt window
 CONVERGE_SECONDS = 40.0
+CLOCK_JUMPS = (-600.0, -180.0, 0.0, 180.0, 600.0)  # Nova's clock off the real one
 
 
 def owned(sim: SimulatedOpenStack) -> list:
@@ -99,6 +110,9 @@ class FaultSchedule(RuleBasedStateMachine):
         self.tmp = Path(tempfile.mkdtemp(prefix="osas-faults-"))
         self.sim = SimulatedOpenStack(FakeNova(build_seconds=0.05, delete_seconds=0.1))
         self.sim.start()
+        self.kube = KubeStandIn()
+        self.kube.start()
+        kubeconfig = self.kube.write_kubeconfig(self.tmp / "kubeconfig")
         self.data = config_data(
             node_groups=[dict(GROUP)],
             queue={"capacity": 50, "workers": 3},
@@ -110,8 +124,23 @@ class FaultSchedule(RuleBasedStateMachine):
                 "delete_retry_after": "0.5s",
                 "create_doubt_window": f"{DOUBT_WINDOW}s",
             },
-            openstack={"api_timeout": f"{API_TIMEOUT}s"},
+            # The auth block is for a second osas process started against the same cloud.
+            openstack={
+                "api_timeout": f"{API_TIMEOUT}s",
+                "auth": self.sim.clouds_yaml_entry()["auth"],
+            },
             shutdown_grace="2s",
+            # As in Kubernetes: one writer under a Lease. A restart of this osas takes its own
+            # Lease back at once (the same identity, host and pid, as a restarted container
+            # keeps its pod's name).
+            leader_election={
+                "enabled": True,
+                "kubeconfig": str(kubeconfig),
+                "lease_namespace": "kube-system",
+                "lease_duration": "3s",
+                "renew_deadline": "2s",
+                "retry_period": "0.2s",
+            },
         )
         self.path = write_config(self.tmp, self.data)
         self.config = load_config(self.path)
@@ -122,6 +151,7 @@ class FaultSchedule(RuleBasedStateMachine):
         self.earlier_life: set[str] = set()  # servers an earlier life left sharing a request
         self.ca_deleted: set[str] = set()  # instance ids CA asked osas to delete
         self.by_hand: set[str] = set()  # server ids deleted behind osas's back
+        self.promised: set[str] = set()  # server ids of DeleteNodes answered OK
         self.failure_codes: Counter[str] = Counter()  # what CA saw failed creates report
         self.longest_stall = 0.0
         self.provider: Provider | None = None
@@ -161,12 +191,21 @@ class FaultSchedule(RuleBasedStateMachine):
 
     async def _kill(self) -> None:
         await self._disconnect()
+        await self._cut()
+
+    async def _cut(self) -> None:
+        """The process gone at once: no shutdown, no release of the Lease, nothing flushed;
+        what it had sent to Nova goes on there."""
         assert self.provider is not None
         task = self.provider._task
         assert task is not None
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        if self.longest_stall > DOUBT_WINDOW:
+            # Nova stores creates later than the doubt window says it may: what a killed
+            # process sent can land after the next one's hold. No promise holds then.
+            self.bound += MAX_SIZE
 
     async def _sigterm(self) -> None:
         await self._disconnect()
@@ -238,6 +277,7 @@ class FaultSchedule(RuleBasedStateMachine):
                 if deleted:
                     self.want = max(0, self.want - len(running))
                     self.ca_deleted.update(i.id for i in running)
+                    self.promised.update(i.id.removeprefix("openstack:///") for i in running)
             await self._pause(0.2)
 
         self.loop.run(run())
@@ -256,6 +296,74 @@ class FaultSchedule(RuleBasedStateMachine):
     def restart_by_sigterm(self) -> None:
         self.loop.run(self._sigterm())
         self.loop.run(self._start_despite_faults())
+
+    @precondition(lambda self: self.ca is not None)
+    @rule(
+        scale_up=st.booleans(),
+        count=st.integers(1, 3),
+        delay=st.sampled_from([0.0, 0.01, 0.05, 0.2, 0.5]),
+    )
+    def kill_at_a_random_instant(self, scale_up: bool, count: int, delay: float) -> None:
+        """kill -9 while CA's scale-up or scale-down is in flight, or just answered: an OK is
+        a promise the next process keeps (deletes already in Nova; headroom held while the
+        killed process's creates may still land)."""
+
+        async def run() -> None:
+            assert self.ca is not None
+            ca = self.ca
+            ok, target = await self._call(ca.target_size("big"))
+            ok_nodes, instances = await self._call(ca.nodes("big"))
+            running = kept(instances)[:count] if ok_nodes else []
+            if scale_up and ok and isinstance(target, int) and target + count <= self.max_size:
+                call = asyncio.ensure_future(ca.increase("big", count))
+            elif not scale_up and running:
+                call = asyncio.ensure_future(ca.delete("big", [(i.id, i.id) for i in running]))
+            else:
+                call = None  # nothing to ask: the kill comes between two calls
+            await asyncio.sleep(delay)
+            await self._cut()
+            try:
+                if call is not None:
+                    await call
+            except grpc.aio.AioRpcError:
+                return  # no answer, or an error: nothing was promised
+            finally:
+                await self._disconnect()
+            if call is None:
+                return
+            if scale_up:
+                assert isinstance(target, int)
+                self.want = max(self.want, target + count)
+            else:
+                self.want = max(0, self.want - len(running))
+                self.ca_deleted.update(i.id for i in running)
+                self.promised.update(i.id.removeprefix("openstack:///") for i in running)
+
+        self.loop.run(run())
+        self.loop.run(self._start_despite_faults())
+
+    @precondition(lambda self: self.ca is not None)
+    @rule()
+    def a_second_osas_started_and_stopped(self) -> None:
+        """Another osas process against the same project and cluster (a partition left the old
+        pod running, kubectl scale, a copy of the Deployment): it stands by and writes
+        nothing while this one holds the Lease, even when CA's calls reach it."""
+        env = {**os.environ, "POD_NAME": "second-osas"}
+        with ServedOsas(self.path, env) as second:
+            second.wait_for("another osas holds the lease; standing by", timeout=60)
+
+            async def reach_it() -> None:
+                async with connect(second.address, None) as wrong:
+                    with contextlib.suppress(grpc.aio.AioRpcError):
+                        await wrong.increase("big", 1)
+                        raise AssertionError("a standby accepted IncreaseSize")
+
+            self.loop.run(reach_it())
+            self.scale_up(1)  # the holder goes on meanwhile
+            assert second.stop() == 0
+            assert second.seen("became the leader") == []
+            refusals = [e for e in second.seen("rpc") if e.get("code") != "UNAVAILABLE"]
+            assert refusals == []
 
     async def _start_despite_faults(self) -> None:
         # The first sync is retried until Nova answers; a very flaky Nova may take a while.
@@ -344,6 +452,27 @@ class FaultSchedule(RuleBasedStateMachine):
 
         self.loop.run(freshness())
 
+    @rule(offset=st.sampled_from(CLOCK_JUMPS))
+    def novas_clock_jumps(self, offset: float) -> None:
+        """Nova's clock set back or forward (a host corrected by NTP, a failover to a host
+        whose clock is off): no change may be lost for it, whichever way it went."""
+        self.sim.nova.clock_offset = offset
+
+    @rule(data=st.data())
+    def a_mark_removed_by_hand(self, data: st.DataObject) -> None:
+        """`openstack server unset --property osas-cluster`: the server is not this cluster's
+        any more. It leaves CA's view (a complete listing reads marks again, DeleteNodes reads
+        them before deleting) and osas never deletes it."""
+        running = [s for s in owned(self.sim) if s.status == "ACTIVE" and s.task_state is None]
+        if not running:
+            return
+        server = data.draw(st.sampled_from(running))
+        try:
+            self.sim.nova.delete_metadata_key(server.server_id, META_CLUSTER)
+        except NovaRefusal:
+            return  # it got busy meanwhile (a delete, a build): Nova refuses with 409
+        self.foreign[server.server_id] = dict(server.metadata)
+
     @rule(count=st.integers(2, 3))
     def earlier_life_servers_then_restart(self, count: int) -> None:
         """Servers of one request id (a copied template, an older osas, Nova's multi-create),
@@ -370,6 +499,10 @@ class FaultSchedule(RuleBasedStateMachine):
             return
         ok, target = self.loop.run(self._call(self.ca.target_size("big")))
         assert not ok or (isinstance(target, int) and target <= self.bound)
+        if self.longest_stall <= DOUBT_WINDOW:
+            # Nova itself: a server stored past the doubt window is an orphan osas deletes,
+            # and may stand there a moment; within it, never one too many.
+            assert sum(live_requests(self.sim).values()) <= self.bound, self._state()
 
     @rule()
     def converge(self) -> None:
@@ -379,6 +512,7 @@ class FaultSchedule(RuleBasedStateMachine):
         faults = self.sim.nova.faults
         faults.error_rate = faults.latency = faults.create_stall = 0.0
         faults.lost_create_responses = 0
+        self.sim.nova.clock_offset = 0.0
         faults.quota_recheck_seconds = 0.0
         self.sim.nova.quota.instances = None
         # A create stalled in Nova lands at most this long after the faults stopped.
@@ -399,7 +533,8 @@ class FaultSchedule(RuleBasedStateMachine):
             target = await ca.target_size("big")
             running = kept(instances)
             if target < self.want:
-                await ca.increase("big", self.want - target)
+                # Refused while headroom is held after a restart: CA asks again next loop.
+                await self._call(ca.increase("big", self.want - target))
             elif target > self.want and len(running) > self.want:
                 # Servers CA did not ask for (adopted after a restart, above a lowered
                 # max_size): scaled down.
@@ -455,6 +590,10 @@ class FaultSchedule(RuleBasedStateMachine):
         assert {f"openstack:///{i}" for i in gone - self.by_hand} <= self.ca_deleted
         # Refused tokens cost an authentication, never a failed create.
         assert "CredentialsRefused" not in self.failure_codes
+        # A DeleteNodes answered OK was carried out, kill -9 right after it or not.
+        for server_id in self.promised:
+            server = self.sim.nova.find_server(server_id)
+            assert server is None or server.deleting_since is not None, server_id
         # No foreign server touched.
         for server_id, metadata in self.foreign.items():
             server = self.sim.nova.find_server(server_id)
@@ -474,6 +613,7 @@ class FaultSchedule(RuleBasedStateMachine):
                 self.loop.run(self._sigterm())
             self.loop.close()
             self.sim.stop()
+            self.kube.stop()
 
 
 TestFaultSchedules = FaultSchedule.TestCase

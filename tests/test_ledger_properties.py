@@ -157,7 +157,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def _increase(self, delta: int) -> bool:
         try:
-            count = plan_increase(self.ledger.cluster, self.inventory, "workers", delta)
+            count = plan_increase(self.ledger.cluster, self.inventory, "workers", delta, self.now)
         except OsasError:
             return False
         self.queued.extend(self.ledger.accept_creates("workers", count, self.now))

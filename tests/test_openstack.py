@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import socket
 import threading
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import keystoneauth1.exceptions as ks_exceptions
 import openstack.exceptions as sdk_exceptions
@@ -35,7 +37,7 @@ from osas.cloud.errors import (
     QuotaExceeded,
     RequestRejected,
 )
-from osas.cloud.openstack import OpenStackCloud, _create_failure, _translate
+from osas.cloud.openstack import OpenStackCloud, _create_failure, _records_of_page, _translate
 from osas.cloud.openstack_settings import OpenStackAuth, OpenStackSettings
 from osas.cloud.port import CreateServerRequest
 from osas.domain.limits import NodeInfo
@@ -44,6 +46,7 @@ from osas.domain.servers import (
     META_GROUP,
     TAG_CLUSTER_PREFIX,
     ErrorClass,
+    Fault,
     OwnershipMarks,
 )
 from osas.domain.specs import BootVolume
@@ -91,11 +94,29 @@ async def test_listing_filters_by_tag_across_pages(sim, cloud):
     for index in range(30):
         sim.nova.seed(name=f"{CLUSTER}-workers-{index}")  # look-alike, untagged
     sim.calls.clear()
-    listed = await cloud.list_servers(TAG)
+    listed = (await cloud.list_servers(TAG)).records
     assert [r.server_id for r in listed if r.server_id in ours] == [r.server_id for r in listed]
     assert {r.server_id for r in listed} == ours
     assert len(listed) == 2500
     assert sim.calls["compute.servers.list"] == 3  # pages of at most 1000
+
+
+async def test_a_listing_carries_novas_clock_from_its_date_header(sim, cloud):
+    """changes-since is compared with Nova's updated_at: the listing says what time it is by
+    Nova's clock (the Date of its first answer), however far osas's clock is from it."""
+    seed_ours(sim.nova, 3)
+    sim.nova.clock_offset = -180.0  # Nova three minutes behind
+    before = datetime.now(UTC)
+    listing = await cloud.list_servers(TAG)
+    after = datetime.now(UTC)
+    assert listing.nova_time is not None
+    behind = timedelta(seconds=180)
+    # Whole seconds: the Date header has no fraction.
+    assert before - behind - timedelta(seconds=1) <= listing.nova_time <= after - behind
+    assert all(record.updated for record in listing.records)
+    changes = await cloud.list_changes(listing.nova_time - timedelta(seconds=1))
+    assert changes.nova_time is not None
+    assert changes.nova_time >= listing.nova_time
 
 
 async def test_create_carries_everything_nova_needs(sim, cloud):
@@ -206,7 +227,9 @@ async def test_incremental_sync_sees_creates_updates_and_deletions(sim, tmp_path
         sim.nova.activate(created.server_id)
         await provider.sync(full=False)
         assert app.inventory.server(created.server_id).status == "ACTIVE"
-        app.controller.group_to_change("workers").delete_nodes(nodes([("n", provider_id(doomed))]))
+        await app.controller.group_to_change("workers").delete_nodes(
+            nodes([("n", provider_id(doomed))])
+        )
         await eventually(lambda: sim.nova.get_server(doomed) is None, what="deleted in Nova")
         sim.calls.clear()
         await provider.sync(full=False)
@@ -397,3 +420,33 @@ async def test_a_create_whose_names_cannot_be_looked_up_was_never_sent(sim, clou
         await cloud.create_server(request())
     sim.nova.faults.error_rate = 0.0
     assert sim.calls["compute.servers.create"] == 0
+
+
+def test_a_listing_page_with_unexpected_types_is_read_the_lenient_way():
+    """Pages are decoded straight into the fields osas reads; a page whose fields do not have
+    the types Nova documents (a proxy's rewrite, a future microversion) is still read."""
+    server = {
+        "id": "a",
+        "name": "n",
+        "status": "active",
+        "metadata": {"osas-cluster": "c"},
+        "tags": ["t"],
+        "OS-EXT-STS:task_state": None,
+        "fault": {"code": 500, "message": "m"},
+        "created": "2026-11-27T00:00:00Z",
+        "updated": "2026-11-27T00:00:01Z",
+        "flavor": {"vcpus": 1},
+    }
+    link = {"rel": "next", "href": "http://nova/servers/detail?marker=a"}
+    typed = json.dumps({"servers": [server], "servers_links": [link]}).encode()
+    odd = json.dumps({"servers": [{**server, "metadata": {"count": 3}}]}).encode()
+    (record,), following = _records_of_page(typed)
+    assert following == link["href"]
+    assert (record.status, record.fault, record.updated) == (
+        "ACTIVE",
+        Fault(500, "m"),
+        "2026-11-27T00:00:01Z",
+    )
+    assert record.metadata == {"osas-cluster": "c"}
+    (lenient,), nothing = _records_of_page(odd)
+    assert (lenient.server_id, nothing) == ("a", None)

@@ -281,6 +281,7 @@ async def test_healthz_answers_through_an_outage_and_readyz_follows_the_inventor
             "max_inventory_age": "1s",
             "retry_backoff": "0.01s",
             "create_doubt_window": f"{API_TIMEOUT + 1}s",
+            "hold_after_start": False,
         },
     )
     provider = Provider(config, OpenStackCloud(settings), registry=registry)
@@ -408,6 +409,7 @@ async def test_stuck_builds_and_deletes_show_in_metrics_until_they_finish(tmp_pa
         "create_doubt_window": f"{API_TIMEOUT + 1}s",
         "stuck_build_after": "0.5s",
         "stuck_delete_after": "0.5s",
+        "hold_after_start": False,
     }
     nova = FakeNova(build_seconds=None, delete_seconds=2.0)  # builds finish on activate()
     with SimulatedOpenStack(nova) as sim:

@@ -28,7 +28,7 @@ from osas.cloud.openstack import OpenStackCloud
 from osas.cloud.port import CreateServerRequest
 from osas.config import load_config
 from osas.domain.inventory import Inventory
-from osas.domain.servers import OwnershipMarks
+from osas.domain.servers import META_CLUSTER, OwnershipMarks
 from osas.engine.queue import TaskQueue
 from osas.engine.reconciler import Reconciler
 from osas.protocol import externalgrpc_pb2 as pb
@@ -159,9 +159,11 @@ async def test_a_complete_resync_lets_readers_in_between_its_slices(tmp_path):
     assert inventory.target_size("big") == 15_000
 
 
-async def test_a_resync_fetches_details_only_for_what_it_does_not_know(tmp_path):
-    """Ids come from the brief listing; details only for servers that changed (changes-since)
-    or are new, and a tagged server that is not ours is looked at once."""
+async def test_a_resync_reads_every_servers_state_and_marks_again(tmp_path):
+    """A complete listing is complete: every server's details are read again, so a change
+    Nova's changes-since cannot show (a metadata mark deleted by hand, a state changed
+    without a listing seeing it) is in the inventory after it; a server left out is looked
+    up once before it counts as gone, and nothing else is fetched one by one."""
     with SimulatedOpenStack(seeded(30, group="big")) as sim:
         nova = sim.nova
         config = load_config(write_config(tmp_path, config_data(node_groups=[BIG])))
@@ -172,31 +174,31 @@ async def test_a_resync_fetches_details_only_for_what_it_does_not_know(tmp_path)
         try:
             await reconciler.reconcile_once(full=True)
             assert len(inventory.snapshot) == 30
-            # Made an hour ago behind osas's back: no changes-since listing shows them.
-            nova.clock = lambda: AN_HOUR_AGO
+            servers = [nova.find_server(i) for i in inventory.snapshot.ids()]
+            unmarked, building, gone = (s.server_id for s in servers[:3] if s is not None)
+            # Behind every changes-since: a mark deleted (Nova leaves updated_at alone), a
+            # state changed with updated_at kept an hour ago.
+            nova.delete_metadata_key(unmarked, META_CLUSTER)
+            with nova.lock:
+                server = nova.find_server(building)
+                assert server is not None
+                server.status, server.task_state = "BUILD", "spawning"
             new = seed_ours(nova, 2, group="big")
-            stranger = nova.seed(name="x", metadata={"other": "1"}, tags=[TAG]).server_id
-            nova.clock = lambda: datetime.now(UTC)
-            gone = next(iter(inventory.snapshot.servers())).server_id
             nova.delete_server(gone)
             sim.calls.clear()
-            sim.history.clear()
 
             await reconciler.reconcile_once(full=True)
-            assert set(new) <= {s.server_id for s in inventory.snapshot.servers()}
-            assert gone not in inventory.snapshot
-            assert stranger not in inventory.snapshot
-            assert len(inventory.snapshot) == 31
-            # The two new ones and the stranger; and the one left out, confirmed gone (a paged
-            # listing of real Nova can miss a server).
-            assert sim.calls["compute.servers.get"] == 4
-            listings = [e.target for e in sim.history if e.operation == "compute.servers.list"]
-            assert not any("/servers/detail" in t and "changes-since" not in t for t in listings)
-
-            sim.calls.clear()
-            await reconciler.reconcile_once(full=True)
-            assert sim.calls["compute.servers.get"] == 0  # nothing new, the stranger known
-            assert len(inventory.snapshot) == 31
+            snapshot = inventory.snapshot
+            assert unmarked not in snapshot
+            assert inventory.ledger.lost_marks(f"openstack:///{unmarked}")
+            held = snapshot.get(building)
+            assert held is not None
+            assert held.status == "BUILD"
+            assert set(new) <= set(snapshot.ids())
+            assert gone not in snapshot
+            assert len(snapshot) == 30 - 2 + 2
+            assert sim.calls["compute.servers.get"] == 1  # the one left out, confirmed gone
+            assert sim.calls["compute.servers.list"] == 1  # one page of details, no brief one
         finally:
             await cloud.close()
 
@@ -221,7 +223,7 @@ async def creates_through_one_cloud(sim: SimulatedOpenStack, count: int) -> dict
         await cloud.verify()
         sim.calls.clear()
         await asyncio.gather(*(cloud.create_server(create_request(i)) for i in range(count)))
-        await asyncio.gather(*(cloud.list_server_ids(TAG) for _ in range(count)))
+        await asyncio.gather(*(cloud.list_servers(TAG) for _ in range(count)))
     finally:
         await cloud.close()
     calls = dict(sim.calls)

@@ -107,6 +107,7 @@ def scenario_config(
             "retry_backoff": "0.05s",
             "delete_retry_after": "5s",
             "create_doubt_window": "20s",
+            "hold_after_start": False,
             **(reconcile or {}),
         },
     )
@@ -409,7 +410,12 @@ async def test_a_server_deleted_behind_osas_back_leaves_within_one_incremental_s
     config = scenario_config(
         cloud,
         tmp_path,
-        reconcile={"interval": "1h", "full_resync_interval": "1h", "max_inventory_age": "2h"},
+        reconcile={
+            "interval": "1h",
+            "full_resync_interval": "1h",
+            "max_inventory_age": "2h",
+            "hold_after_start": False,
+        },
     )
     async with osas_on(cloud, config) as (provider, ca):
         await ca.increase("workers", 2)

@@ -18,11 +18,12 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from osas import __version__
-from osas.app import App, openstack_cloud
+from osas.app import App, LeaseLost, openstack_cloud
 from osas.check import EXIT_CLOUD, EXIT_CONFIG, EXIT_FAILED, EXIT_TLS, check_config
 from osas.cli.status_table import render_status
 from osas.cloud.errors import CloudError
 from osas.config import CONFIG_ENV, ConfigError, OsasConfig, load_config
+from osas.election.port import ElectionSetupError
 from osas.process import configure_logging, tune_process
 from osas.service.ops_server import fetch_status
 from osas.service.server import BindError
@@ -34,6 +35,7 @@ EXIT_USAGE = 2  # argparse's own code for a command line it refuses
 EXIT_BIND = 5
 EXIT_OUTPUT = 6
 EXIT_EXTRA = 7
+EXIT_LEASE_LOST = 8
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 # The modules of the optional extra `bench` (pyproject.toml) that osas bench imports.
@@ -53,6 +55,9 @@ exit codes (docs/cli.md):
   {EXIT_BIND}  serve, sim: cannot listen (address in use, not an address of this host)
   {EXIT_OUTPUT}  certs, sim, bench: a file or folder it must write cannot be written
   {EXIT_EXTRA}  bench: the optional extra it needs is not installed
+  {EXIT_LEASE_LOST}  serve: lost the leader lease (another osas took it, or the Kubernetes API
+     was out of reach for renew_deadline); it stopped writing first, and a restart makes it
+     a standby
   {EXIT_INTERRUPTED}  interrupted (Ctrl-C) before it was done
 
 Every failure ends in one line "osas ...: ..." on stderr that names the cause and what to fix
@@ -116,11 +121,10 @@ class StartupFailure:
     cause: str
     exit_code: int
     message: str
+    event: str = "startup failed"
 
     def report(self) -> int:
-        logger.error(
-            "startup failed", cause=self.cause, reason=self.message, exit_code=self.exit_code
-        )
+        logger.error(self.event, cause=self.cause, reason=self.message, exit_code=self.exit_code)
         sys.stderr.write(f"osas: {self.message}\n")
         return self.exit_code
 
@@ -134,7 +138,7 @@ def _leaves(error: BaseException) -> Iterator[BaseException]:
         yield error
 
 
-def startup_failure(error: BaseException) -> StartupFailure | None:
+def startup_failure(error: BaseException) -> StartupFailure | None:  # noqa: PLR0911 - one case each
     """The failure an operator can act on, or None for anything else (a bug)."""
     if isinstance(error, ConfigError):
         problems = "; ".join(str(error).splitlines())
@@ -150,6 +154,12 @@ def startup_failure(error: BaseException) -> StartupFailure | None:
         )
     if isinstance(error, BindError):
         return StartupFailure("bind", EXIT_BIND, str(error))
+    if isinstance(error, ElectionSetupError):
+        return StartupFailure(
+            "config", EXIT_CONFIG, f"leader election cannot start: {error} (leader_election)"
+        )
+    if isinstance(error, LeaseLost):
+        return StartupFailure("lease", EXIT_LEASE_LOST, str(error), event="stopped")
     return None
 
 

@@ -38,6 +38,28 @@ def _age(seconds: float | None) -> str:
     return f"{seconds / 60:.0f}m ago"
 
 
+def _writer_lines(status: dict[str, Any]) -> list[str]:
+    """Who writes (the leader lease), whether scale-ups are held, and Nova's clock."""
+    lines = []
+    election = status.get("leader_election") or {}
+    if election.get("enabled"):
+        role = "leader" if election.get("leading") else "standby"
+        lines.append(
+            f"{role}: lease {election.get('lease')}, held by {election.get('holder') or 'no one'}"
+            f" (this osas: {election.get('identity')})"
+        )
+    held = status.get("scale_ups_held_seconds")
+    if held:
+        lines.append(
+            f"scale-ups held for {held:.0f}s more: creates of an earlier osas may still reach "
+            "Nova (MAX shows the max size CA is told)"
+        )
+    offset = status["syncs"].get("nova_clock_offset_seconds")
+    if offset is not None and abs(offset) > 5:  # noqa: PLR2004 - the threshold osas logs at
+        lines.append(f"Nova's clock is {offset:+.0f}s off osas's (changes-since uses Nova's)")
+    return lines
+
+
 def render_status(status: dict[str, Any]) -> str:
     """``/status`` as one screen of text."""
     ready = "ready" if status["ready"] else f"NOT READY: {status['not_ready_reason']}"
@@ -48,6 +70,7 @@ def render_status(status: dict[str, Any]) -> str:
         f"{syncs['full']} full, {syncs['incremental']} incremental, "
         f"{syncs['failures']} failed"
         + (f" (last error: {syncs['last_error']})" if syncs["last_error"] else ""),
+        *_writer_lines(status),
         "",
         _row([name for name, _ in _COLUMNS]),
     ]
@@ -61,7 +84,7 @@ def render_status(status: dict[str, Any]) -> str:
                     group["id"],
                     str(group["min_size"]),
                     "-" if target is None else str(target),
-                    str(group["max_size"]),
+                    str(group.get("reported_max_size", group["max_size"])),
                     str(servers["running"]),
                     str(servers["creating"]),
                     str(servers["deleting"]),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import email.utils
 import functools
 import json
 import logging
@@ -28,13 +29,14 @@ import re
 import threading
 import time
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import anyio
 import keystoneauth1.exceptions as ks_exceptions
+import msgspec
 import openstack
 import openstack.config.loader as sdk_config_loader
 import openstack.connection
@@ -67,7 +69,7 @@ from osas.cloud.errors import (
 )
 from osas.cloud.metrics import CloudMetrics
 from osas.cloud.openstack_settings import MIN_COMPUTE_MICROVERSION, OpenStackSettings
-from osas.cloud.port import CreateServerRequest, Reference
+from osas.cloud.port import CreateServerRequest, Reference, ServerListing
 from osas.cloud.threads import DaemonThreads
 from osas.domain.servers import Fault, Flavor, ServerRecord, is_quota_message
 from osas.domain.specs import NodeGroupSpec
@@ -225,7 +227,87 @@ def _record_from_body(body: dict[str, Any]) -> ServerRecord:
         task_state=body.get("OS-EXT-STS:task_state"),
         fault=_fault(fault),
         created=str(body.get("created") or ""),
+        updated=str(body.get("updated") or ""),
     )
+
+
+def _nova_time(headers: Mapping[str, str]) -> datetime | None:
+    """Nova's clock, from an answer's ``Date`` header (whole seconds, set by the HTTP server
+    in front of Nova); None when it is missing or unreadable."""
+    value = headers.get("Date")
+    if not value:
+        return None
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+class _FaultBody(msgspec.Struct):
+    code: int | str | None = None
+    message: str | None = None
+
+
+class _ServerBody(msgspec.Struct, rename={"task_state": "OS-EXT-STS:task_state"}):
+    """What osas reads of a server in Nova's detail listing; the other fields are skipped."""
+
+    id: str
+    name: str | None = None
+    status: str | None = None
+    metadata: dict[str, str] | None = None
+    tags: list[str] | None = None
+    task_state: str | None = None
+    fault: _FaultBody | None = None
+    created: str | None = None
+    updated: str | None = None
+
+
+class _LinkBody(msgspec.Struct):
+    rel: str | None = None
+    href: str | None = None
+
+
+class _ServersPage(msgspec.Struct):
+    servers: list[_ServerBody] = []
+    servers_links: list[_LinkBody] | None = None
+
+
+# A page of a detail listing (1000 servers, 1.5 MB) decoded straight into the few fields osas
+# reads: some 1 ms where json.loads and dicts took 20, holding the interpreter all along, so
+# CA's calls wait less while a complete listing is read.
+_PAGE_DECODER = msgspec.json.Decoder(_ServersPage)
+
+
+def _records_of_page(content: bytes) -> tuple[list[ServerRecord], str | None]:
+    """A detail listing's page: its servers, and the link of the next page. A page whose
+    fields have types osas does not expect is read the lenient, slower way."""
+    try:
+        page = _PAGE_DECODER.decode(content)
+    except msgspec.ValidationError:
+        body = json.loads(content)
+        return [_record_from_body(s) for s in body.get("servers", ())], _next_page(body)
+    records = [
+        ServerRecord(
+            server_id=server.id,
+            name=server.name or "",
+            status=(server.status or "").upper(),
+            metadata=server.metadata or {},
+            tags=frozenset(server.tags or ()),
+            task_state=server.task_state,
+            fault=None
+            if server.fault is None
+            else Fault(int(server.fault.code or 0), server.fault.message or ""),
+            created=server.created or "",
+            updated=server.updated or "",
+        )
+        for server in page.servers
+    ]
+    following = next(
+        (link.href for link in page.servers_links or () if link.rel == "next" and link.href),
+        None,
+    )
+    return records, following
 
 
 def _next_page(body: dict[str, Any]) -> str | None:
@@ -256,6 +338,10 @@ def _next_page_early(content: bytes) -> str | None:
     return _next_page({"servers_links": links}) if isinstance(links, list) else None
 
 
+# A page as fetched: its bytes, the next page's link read early, Nova's clock when it answered.
+_Fetched = tuple[bytes, str | None, datetime | None]
+
+
 def _cancel(pending: Awaitable[object] | None) -> None:
     if isinstance(pending, asyncio.Future):
         pending.cancel()
@@ -272,6 +358,7 @@ def _record(server: Any) -> ServerRecord:
         task_state=server.task_state,
         fault=_fault(fault),
         created=str(server.created_at or ""),
+        updated=str(server.updated_at or ""),
     )
 
 
@@ -580,73 +667,61 @@ class OpenStackCloud:
 
     async def list_servers(
         self, tag: str | None, *, changes_since: datetime | None = None
-    ) -> list[ServerRecord]:
+    ) -> ServerListing:
         # Nova may show a server twice across pages while builds are in flight: keep one
         # record per id (the later one, which is the newer view).
         records: dict[str, ServerRecord] = {}
+        nova_time: datetime | None = None
+        first = True
         async for page in self.list_server_pages(tag, changes_since=changes_since):
-            records.update((record.server_id, record) for record in page)
-        return list(records.values())
+            if first:
+                nova_time, first = page.nova_time, False
+            records.update((record.server_id, record) for record in page.records)
+        return ServerListing(list(records.values()), nova_time)
 
-    async def list_changes(self, since: datetime) -> list[ServerRecord]:
+    async def list_changes(self, since: datetime) -> ServerListing:
         return await self.list_servers(None, changes_since=since)
 
     async def list_server_pages(
         self, tag: str | None, *, changes_since: datetime | None = None
-    ) -> AsyncIterator[list[ServerRecord]]:
+    ) -> AsyncIterator[ServerListing]:
         # No `limit`: Nova pages at its [api] max_limit and links the next page.
         first: dict[str, str] = {} if tag is None else {"tags": tag}
         if changes_since is not None:
-            first["changes-since"] = changes_since.isoformat()
+            # Whole seconds: Nova's `updated` has no fraction, and a fraction in the filter
+            # could step over a change made within the same second.
+            first["changes-since"] = changes_since.replace(microsecond=0).isoformat()
         microversion = await self._call(self._compute_microversion, rated=False)
 
-        def fetch(url: str, query: dict[str, str] | None) -> Awaitable[tuple[bytes, str | None]]:
-            def get(conn: openstack.connection.Connection) -> tuple[bytes, str | None]:
+        def fetch(url: str, query: dict[str, str] | None) -> Awaitable[_Fetched]:
+            def get(conn: openstack.connection.Connection) -> _Fetched:
                 response = conn.compute.get(url, params=query, microversion=microversion)
                 sdk_exceptions.raise_from_response(response)
-                return response.content, _next_page_early(response.content)
+                content = response.content
+                return content, _next_page_early(content), _nova_time(response.headers)
 
             # Each page retried on its own; the next link carries the query.
             return asyncio.ensure_future(self._call(get))
 
         def parse(content: bytes) -> tuple[list[ServerRecord], str | None]:
             try:
-                body = json.loads(content)
-                return [_record_from_body(s) for s in body.get("servers", ())], _next_page(body)
+                return _records_of_page(content)
             except Exception as exc:
                 raise _translate(exc, self._secrets) from exc
 
-        pending: Awaitable[tuple[bytes, str | None]] | None = fetch("/servers/detail", first)
+        pending: Awaitable[_Fetched] | None = fetch("/servers/detail", first)
         try:
             while pending is not None:
-                content, guessed = await pending
+                content, guessed, nova_time = await pending
                 pending = fetch(guessed, None) if guessed else None
                 records, url = await self._threads.run(functools.partial(parse, content))
                 del content  # the caller may drop the page before the next one comes
                 if url != guessed:  # the guess was wrong: follow the page's own link
                     _cancel(pending)
                     pending = fetch(url, None) if url else None
-                yield records
+                yield ServerListing(records, nova_time)
         finally:
             _cancel(pending)
-
-    async def list_server_ids(self, tag: str) -> set[str]:
-        def listing(conn: openstack.connection.Connection) -> set[str]:
-            compute = conn.compute
-            microversion = self._compute_microversion(conn)
-            ids: set[str] = set()
-            # Nova's brief form: id, name and links only, a fifth of the detail's bytes.
-            url: str | None = "/servers"
-            query: dict[str, str] | None = {"tags": tag}
-            while url is not None:
-                response = compute.get(url, params=query, microversion=microversion)
-                sdk_exceptions.raise_from_response(response)
-                body = response.json()
-                ids.update(str(server["id"]) for server in body.get("servers", ()))
-                url, query = _next_page(body), None
-            return ids
-
-        return await self._call(listing)
 
     def _compute_microversion(self, conn: openstack.connection.Connection) -> str:
         """The microversion to send: the pinned one, else the SDK's negotiated maximum."""

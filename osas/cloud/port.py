@@ -31,6 +31,19 @@ class CreateServerRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class ServerListing:
+    """Servers a listing showed, and Nova's own clock when it answered.
+
+    ``nova_time`` is what the next ``changes-since`` is taken from: Nova compares that filter
+    with its own ``updated_at``, so a value from osas's clock would miss every change while the
+    two clocks disagree. It is the ``Date`` header of the listing's first answer (before any
+    server of the listing was read), None when Nova sent none."""
+
+    records: list[ServerRecord]
+    nova_time: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Reference:
     """One thing a node group names in the cloud (flavor, image, network...), resolved."""
 
@@ -49,27 +62,24 @@ class Cloud(Protocol):
 
     async def list_servers(
         self, tag: str, *, changes_since: datetime | None = None
-    ) -> list[ServerRecord]:
-        """Servers carrying ``tag``; with ``changes_since``, only those updated since then."""
+    ) -> ServerListing:
+        """Servers carrying ``tag``, with their details; with ``changes_since``, only those
+        updated since then (by Nova's clock)."""
         ...
 
     def list_server_pages(
         self, tag: str, *, changes_since: datetime | None = None
-    ) -> AsyncIterator[list[ServerRecord]]:
+    ) -> AsyncIterator[ServerListing]:
         """The same listing page by page, as the cloud pages it: a caller that keeps only what
-        it needs of each page never holds the whole listing."""
+        it needs of each page never holds the whole listing. Each page carries the Nova time
+        of its own answer."""
         ...
 
-    async def list_changes(self, since: datetime) -> list[ServerRecord]:
-        """Every server of the project updated since ``since``, deleted ones included: Nova
-        lists deleted servers under ``changes-since`` only without a tag filter (their tags
-        are gone with them, and their metadata reads empty), so this is how deletions are
-        seen, at a cost of what changed in the project, not of its size."""
-        ...
-
-    async def list_server_ids(self, tag: str) -> set[str]:
-        """Ids of the servers carrying ``tag``, without their details (Nova's brief listing):
-        enough to tell which servers are gone, at a fraction of the bytes."""
+    async def list_changes(self, since: datetime) -> ServerListing:
+        """Every server of the project updated since ``since`` (Nova's clock), deleted ones
+        included: Nova lists deleted servers under ``changes-since`` only without a tag
+        filter (their tags are gone with them, and their metadata reads empty), so this is
+        how deletions are seen, at a cost of what changed in the project, not of its size."""
         ...
 
     async def get_server(self, server_id: str) -> ServerRecord | None:

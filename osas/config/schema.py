@@ -5,6 +5,7 @@ loading is ``loading``'s, what a reload may change is ``reload``'s."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import ipaddress
 import json
 import re
@@ -39,6 +40,7 @@ from osas.domain.specs import (
     Pricing,
     TaintEffect,
 )
+from osas.election.port import ElectionSettings, default_identity, lease_name_for
 from osas.engine.settings import EngineSettings, QueueSettings, ReconcileSettings
 from osas.service.settings import ServerSettings, TransportSettings
 
@@ -180,6 +182,10 @@ class ReconcileConfig(_Strict):
     # /status); osas never deletes them on its own.
     stuck_build_after: PositiveDuration = default_duration(ReconcileSettings, "stuck_build_after")
     stuck_delete_after: PositiveDuration = default_duration(ReconcileSettings, "stuck_delete_after")
+    # After a start (or taking the leader lease), creates an earlier osas sent may still be in
+    # Nova's API for up to create_doubt_window: scale-ups wait that long. Only where no other
+    # osas can ever have sent creates for this cluster (a test's fresh cloud) is false safe.
+    hold_after_start: bool = default_of(ReconcileSettings, "hold_after_start")
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
@@ -187,6 +193,47 @@ class ReconcileConfig(_Strict):
             raise ValueError("full_resync_interval must not be shorter than interval")
         if self.max_inventory_age <= self.interval:
             raise ValueError("max_inventory_age must be longer than interval")
+        return self
+
+
+_K8S_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_K8S_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a namespace, a Service
+
+
+class LeaderElectionConfig(_Strict):
+    """One writer per cluster, elected through a coordination.k8s.io/v1 Lease."""
+
+    enabled: bool = default_of(ElectionSettings, "enabled")
+    # "" -> osas-<cluster_name>; fixed, not per namespace, so that a copy elsewhere competes.
+    lease_name: str = Field(default_of(ElectionSettings, "lease_name"), max_length=253)
+    lease_namespace: str = Field(
+        default_of(ElectionSettings, "lease_namespace"), pattern=_K8S_LABEL_RE.pattern
+    )
+    identity: str = Field(default_of(ElectionSettings, "identity"), max_length=253)
+    lease_duration: PositiveDuration = default_duration(ElectionSettings, "lease_duration")
+    renew_deadline: PositiveDuration = default_duration(ElectionSettings, "renew_deadline")
+    retry_period: PositiveDuration = default_duration(ElectionSettings, "retry_period")
+    kubeconfig: Path | None = None  # None: the pod's service account
+    # The Service CA dials: the holder publishes itself as its only endpoint ("" publishes
+    # nothing, outside Kubernetes). Its namespace: "" is $POD_NAMESPACE.
+    service_name: str = Field(default_of(ElectionSettings, "service_name"), max_length=63)
+    service_namespace: str = Field(default_of(ElectionSettings, "service_namespace"), max_length=63)
+
+    @field_validator("lease_name")
+    @classmethod
+    def _lease_name(cls, value: str) -> str:
+        if value and not _K8S_NAME_RE.fullmatch(value):
+            raise ValueError(f"{value!r} is not a Kubernetes object name (lowercase, digits, -, .)")
+        return value
+
+    @model_validator(mode="after")
+    def _fenced(self) -> Self:
+        # A holder stops writing (renew_deadline) before anyone may take over (lease_duration).
+        if not self.retry_period < self.renew_deadline < self.lease_duration:
+            raise ValueError(
+                "retry_period < renew_deadline < lease_duration must hold: a holder that cannot "
+                "renew stops writing before the lease can pass to another"
+            )
         return self
 
 
@@ -326,6 +373,7 @@ class OsasConfig(BaseSettings):
     pricing: PricingConfig | None = None
     reconcile: ReconcileConfig = ReconcileConfig()
     queue: QueueConfig = QueueConfig()
+    leader_election: LeaderElectionConfig = LeaderElectionConfig()
     shutdown_grace: Duration = default_duration(ServerSettings, "shutdown_grace")
     node_groups: list[NodeGroupConfig] = Field(min_length=1)
 
@@ -401,3 +449,14 @@ class OsasConfig(BaseSettings):
 
     def server_settings(self) -> ServerSettings:
         return as_values(ServerSettings, self)
+
+    def election_settings(self) -> ElectionSettings:
+        # The lease's name and this replica's identity have defaults only known here, and
+        # the endpoint the holder publishes is the port it serves CA on.
+        block = self.leader_election
+        return dataclasses.replace(
+            as_values(ElectionSettings, block),
+            lease_name=block.lease_name or lease_name_for(self.cluster_name),
+            identity=block.identity or default_identity(),
+            endpoint_port=int(self.listen.rpartition(":")[2]) if block.service_name else 0,
+        )

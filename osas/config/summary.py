@@ -34,6 +34,7 @@ def startup_summary(config: OsasConfig) -> dict[str, Any]:
             name: _seconds(getattr(reconcile, name)) for name in type(reconcile).model_fields
         },
         "queue": {"capacity": config.queue.capacity, "workers": config.queue.workers},
+        "leader_election": _election(config),
         "shutdown_grace": config.shutdown_grace.total_seconds(),
         "node_groups": [
             {
@@ -71,6 +72,20 @@ def _openstack(config: OsasConfig) -> dict[str, Any]:
         attempts=openstack.attempts,
     )
     return {key: value for key, value in cloud.items() if value is not None}
+
+
+def _election(config: OsasConfig) -> dict[str, Any] | str:
+    if not config.leader_election.enabled:
+        return "off"
+    settings = config.election_settings()
+    return {
+        "lease": f"{settings.lease_namespace}/{settings.lease_name}",
+        "identity": settings.identity,
+        "lease_duration": settings.lease_duration,
+        "renew_deadline": settings.renew_deadline,
+        "retry_period": settings.retry_period,
+        "service": settings.service_name or None,
+    }
 
 
 def _seconds(value: Any) -> Any:

@@ -117,7 +117,14 @@ def write_osas_config(folder: Path) -> Path:
             "client_ca_file": str(folder / "ca.crt"),
         },
         "openstack": {"cloud": "osas-sim"},
-        "reconcile": {"interval": "1s", "full_resync_interval": "10s", "retry_backoff": "0.2s"},
+        "reconcile": {
+            "interval": "1s",
+            "full_resync_interval": "10s",
+            "retry_backoff": "0.2s",
+            # The demo made the simulated cloud a moment ago: no earlier osas has a create
+            # on its way there, so scale-ups need not wait after the start.
+            "hold_after_start": False,
+        },
         "shutdown_grace": "5s",
         "node_groups": [
             {

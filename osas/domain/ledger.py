@@ -160,6 +160,8 @@ class EventKind(StrEnum):
     CREATE_DROPPED = "create-dropped"  # queued at shutdown, never sent
     SERVER_DELETED = "server-deleted"
     DELETE_REFUSED = "delete-refused"  # the server lost this group's marks before the delete
+    DELETE_NOT_SENT = "delete-not-sent"  # CA's delete did not reach Nova: CA was told so
+    MARKS_LOST = "marks-lost"  # a server of the inventory lost an ownership mark: not ours now
     CREATE_CANCELLED = "create-cancelled"  # unsent: a reload lowered max_size or removed its group
     STRAY_ADOPTED = "stray-adopted"  # listed after start for a request this process never made
     ABOVE_MAX_KEPT = "above-max-kept"  # above max_size with nothing that may be deleted
@@ -270,6 +272,12 @@ class Ledger:
         self._deleting: dict[str, _DeleteMark] = {}
         self._deleting_by_group: dict[str, set[str]] = {}
         self._removed: dict[str, float] = {}  # instance id -> when
+        # Instance ids of servers that lost an ownership mark (by hand): never deleted, and
+        # a DeleteNodes naming one is refused with the reason rather than taken as done.
+        self._unowned: dict[str, float] = {}
+        # Until then (the engine's clock), IncreaseSize spends no headroom: creates an
+        # earlier osas sent may still reach Nova (``hold_headroom``).
+        self._headroom_held_until = 0.0
         self._sent: set[str] = set()  # request ids this process sent to Nova
         self._own: set[str] = set()  # request ids of servers known to be ours (sent or adopted)
         # Request ids of servers that left the snapshot since the last complete listing: the
@@ -381,6 +389,23 @@ class Ledger:
     def recently_removed(self, instance_id: str) -> bool:
         return instance_id in self._removed
 
+    def lost_marks(self, instance_id: str) -> bool:
+        """The server left the inventory because it lost an ownership mark."""
+        return instance_id in self._unowned
+
+    def headroom_held(self, now: float) -> float | None:
+        """Seconds until IncreaseSize may spend headroom again, None when it may now."""
+        left = self._headroom_held_until - now
+        return left if left > 0 else None
+
+    def reported_max(self, group_id: str, max_size: int, min_size: int, now: float) -> int:
+        """The max size CA is told: the configured one, or while headroom is held the
+        target (never below min_size), so that CA plans no scale-up it would be refused
+        (an IncreaseSize error would back the group off)."""
+        if self.headroom_held(now) is None:
+            return max_size
+        return min(max_size, max(min_size, self.target_size(group_id)))
+
     def is_given_up(self, request_id: str) -> bool:
         """A server of this request must not be kept: given up, cancelled, or failed."""
         create = self._creates.get(request_id)
@@ -444,6 +469,21 @@ class Ledger:
             if create is not None:
                 self._give_up(create, now)
         return Orders()
+
+    def hold_headroom(self, until: float) -> None:
+        """Creates an earlier osas sent (a process killed, a lease holder that lost it) may
+        still be in Nova's API, stored up to ``create_doubt_window`` after they were sent,
+        and no listing can show them before: until ``until``, IncreaseSize spends no
+        headroom, so that they can never take a group beyond max_size."""
+        self._headroom_held_until = max(self._headroom_held_until, until)
+        for group_id in [spec.group_id for spec in self._cluster.node_groups]:
+            self._changed(group_id)
+
+    def creates_unsettled(self) -> int:
+        """Creates sent whose server no listing has shown yet (being sent, in doubt, or
+        answered and not listed): what a successor must wait for."""
+        unsettled = {CreateState.SENDING, CreateState.IN_DOUBT, CreateState.CREATED}
+        return sum(1 for create in self._creates.values() if create.state in unsettled)
 
     def drop_queued(self, request_ids: Iterable[str], now: float) -> Orders:
         """Shutting down: queued creates are forgotten unsent (CA asks again)."""
@@ -522,10 +562,51 @@ class Ledger:
                 self._deleting[server_id] = _DeleteMark(group_id, reason, self._generation, now)
                 self._deleting_by_group.setdefault(group_id, set()).add(server_id)
                 self._changed(group_id)
-        elif outcome is DeleteOutcome.NOT_OURS and mark is not None:
+        elif outcome is DeleteOutcome.NOT_OURS:
+            group_id = mark.group_id if mark is not None else None
             self._unmark(server_id)
-            orders.event(EventKind.DELETE_REFUSED, mark.group_id, server_id=server_id)
+            self._lose(server_id, now, orders)
+            if group_id is not None:
+                orders.event(EventKind.DELETE_REFUSED, group_id, server_id=server_id)
         return orders.done()
+
+    def delete_not_sent(self, server_id: str, reason: str, now: float) -> Orders:
+        """A delete CA asked for did not reach Nova before the answer, and CA is told so: the
+        server stays, counted again (osas will not delete it later on its own)."""
+        del now
+        orders = _Draft()
+        mark = self._deleting.get(server_id)
+        if mark is not None and mark.reason is DeleteReason.REQUESTED:
+            self._unmark(server_id)
+            orders.event(
+                EventKind.DELETE_NOT_SENT, mark.group_id, server_id=server_id, detail=reason
+            )
+        return orders.done()
+
+    def marks_lost(self, server_ids: Iterable[str], now: float) -> Orders:
+        """Fresh reads show these servers without this cluster's marks for their group (a
+        mark deleted or changed by hand): they leave CA's view, and are never deleted."""
+        orders = _Draft()
+        self._lose_all(server_ids, now, orders)
+        return orders.done()
+
+    def _lose(self, server_id: str, now: float, orders: _Draft) -> None:
+        """The server is no longer ours: out of the snapshot and of any create, unmarked;
+        should its marks come back, a listing adopts it again (never as an orphan)."""
+        server = self._snapshot.forget(server_id)
+        create = self.create_of_server(server_id)
+        if create is not None:
+            self._forget_create(create)
+        if server is not None:
+            group_id = server.group_id
+            if server.request_id:
+                self._own_unlisted.add(server.request_id)
+        elif create is not None:
+            group_id = create.group_id
+        else:
+            return
+        self._unowned[self._cluster.provider_ids.format(server_id)] = now
+        orders.event(EventKind.MARKS_LOST, group_id, server_id=server_id)
 
     # -- listings ---------------------------------------------------------------------------------
 
@@ -535,26 +616,55 @@ class Ledger:
         return self._generation
 
     def settle_complete(
-        self, generation: int, changed: Iterable[Server], gone: Iterable[str], now: float
+        self,
+        generation: int,
+        changed: Iterable[Server],
+        gone: Iterable[str],
+        now: float,
+        *,
+        unowned: Iterable[str] = (),
     ) -> Orders:
         """A complete listing that began at ``generation``, given as its difference from the
-        snapshot: servers new or changed, and the listed ids it no longer shows (a mark or a
-        create settles by absence), in O(changed)."""
+        snapshot: servers new or changed, the listed ids it no longer shows (a mark or a
+        create settles by absence), and those it shows without one of this cluster's marks
+        (``unowned``: they leave CA's view, never deleted), in O(changed)."""
+        orders = _Draft()
+        self._lose_all(unowned, now, orders)
         diff = self._snapshot.apply_changes(changed, gone, now)
-        return self._settle(diff, generation, now, full=True, gone=set())
+        return self._settle(diff, generation, now, full=True, gone=set(), orders=orders)
 
     def settle_changes(
-        self, generation: int, changed: Iterable[Server], gone: Iterable[str], now: float
+        self,
+        generation: int,
+        changed: Iterable[Server],
+        gone: Iterable[str],
+        now: float,
+        *,
+        unowned: Iterable[str] = (),
     ) -> Orders:
-        """An incremental listing: servers changed since the last one, ids known gone."""
+        """An incremental listing: servers changed since the last one, ids known gone (Nova
+        shows them deleted), ids shown without one of this cluster's marks."""
+        orders = _Draft()
+        self._lose_all(unowned, now, orders)
         gone = set(gone)
         diff = self._snapshot.apply_changes(changed, gone, now)
-        return self._settle(diff, generation, now, full=False, gone=gone)
+        return self._settle(diff, generation, now, full=False, gone=gone, orders=orders)
+
+    def _lose_all(self, server_ids: Iterable[str], now: float, orders: _Draft) -> None:
+        for server_id in server_ids:
+            self._unmark(server_id)
+            self._lose(server_id, now, orders)
 
     def _settle(
-        self, diff: SnapshotDiff, generation: int, now: float, *, full: bool, gone: set[str]
+        self,
+        diff: SnapshotDiff,
+        generation: int,
+        now: float,
+        *,
+        full: bool,
+        gone: set[str],
+        orders: _Draft,
     ) -> Orders:
-        orders = _Draft()
         self._settle_deletions(diff, generation, now, full=full, gone=gone, orders=orders)
         self._settle_creates(generation, now, full=full, orders=orders)
         # Only what this listing brought can be an orphan, a duplicate or a stray: a request is
@@ -723,6 +833,7 @@ class Ledger:
         settings = self.settings
         for memory, keep_for in (
             (self._removed, settings.removed_memory),
+            (self._unowned, settings.given_up_memory),
             (self._given_up, settings.given_up_memory),
         ):
             for key in [k for k, when in memory.items() if now - when > keep_for]:

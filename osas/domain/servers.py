@@ -47,6 +47,7 @@ class ServerRecord:
     task_state: str | None = None
     fault: Fault | None = None
     created: str = ""  # Nova's ISO 8601 ``created``; sorts in time order as text
+    updated: str = ""  # Nova's ISO 8601 ``updated``, by the clock of the Nova host that wrote it
 
 
 @dataclass(frozen=True, slots=True)

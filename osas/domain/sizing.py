@@ -37,11 +37,20 @@ def require_group(cluster: ClusterSpec, group_id: str) -> NodeGroupSpec:
     return spec
 
 
-def plan_increase(cluster: ClusterSpec, inventory: Inventory, group_id: str, delta: int) -> int:
+def plan_increase(
+    cluster: ClusterSpec, inventory: Inventory, group_id: str, delta: int, now: float
+) -> int:
     """How many creates to queue for IncreaseSize(delta)."""
     spec = require_group(cluster, group_id)
     if delta <= 0:
         raise InvalidRequest(f"size increase must be positive, got {delta}")
+    held = inventory.ledger.headroom_held(now)
+    if held is not None:
+        raise PreconditionFailed(
+            f"scale-up of node group {group_id!r} held for {held:.0f}s more: creates an "
+            "earlier osas sent may still reach Nova (reconcile.create_doubt_window after a "
+            "start or a takeover); its max size is reported as its target until then"
+        )
     target = inventory.target_size(group_id)
     if target + delta > spec.max_size:
         raise PreconditionFailed(
@@ -129,6 +138,12 @@ class _DeleteBuilder:
             self._once(instance_id, shown)
             self.repeats += 1
             return
+        if self.ledger.lost_marks(instance_id):
+            raise PreconditionFailed(
+                f"node {shown!r}: its server no longer carries this cluster's ownership marks "
+                "(a metadata key or tag removed or changed by hand): osas never deletes such a "
+                "server, and no longer reports it"
+            )
         raise NodeNotFound(f"node {shown!r} is not a server of this cluster")
 
     def add_placeholder(self, group_id: str, request_id: str, shown: str) -> None:

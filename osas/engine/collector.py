@@ -33,7 +33,9 @@ class EngineCollector(Collector):
         census: Census,
         workers: int,
         clock: Callable[[], float],
+        leading: Callable[[], bool] = lambda: True,
     ) -> None:
+        self._leading = leading
         self._inventory = inventory
         self._queue = queue
         self._reconciler = reconciler
@@ -60,6 +62,30 @@ class EngineCollector(Collector):
         )
         refused.add_metric([], float(self._reconciler.status.credentials_refused is not None))
         yield refused
+        offset = _gauge(
+            "osas_nova_clock_offset_seconds",
+            "Nova's clock minus osas's, from the Date of Nova's last answer to a listing (whole "
+            "seconds, so within about 1 s means equal). osas takes changes-since from Nova's "
+            "clock, so an offset loses nothing; it is logged once when over 5 s.",
+        )
+        measured = self._reconciler.status.nova_clock_offset
+        if measured is not None:
+            offset.add_metric([], measured)
+        yield offset
+        leader = _gauge(
+            "osas_leader",
+            "1 while this osas is the writer (it holds the leader lease, or election is off); "
+            "0 on a standby, which answers CA nothing and keeps its inventory warm.",
+        )
+        leader.add_metric([], float(self._leading()))
+        yield leader
+        held = _gauge(
+            "osas_scale_ups_held_seconds",
+            "Seconds until scale-ups may spend headroom again after a start or a takeover "
+            "(creates an earlier osas sent may still reach Nova); 0 when they may.",
+        )
+        held.add_metric([], inventory.ledger.headroom_held(self._clock()) or 0.0)
+        yield held
         problems = _gauge(
             "osas_server_problems",
             "Servers in a problem state now (error, build-stuck, delete-stuck, "

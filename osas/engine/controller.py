@@ -6,22 +6,25 @@ Mutations log nothing themselves: what they decided is bound to the call's log c
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Container, Mapping
 from decimal import Decimal
 
 import anyio
 import structlog
 from structlog.contextvars import bind_contextvars
 
-from osas.domain.errors import NodeNotFound, NotReady, NotSupported
+from osas.cloud.errors import CloudUnavailable
+from osas.domain.errors import NodeNotFound, NotReady, NotSupported, PreconditionFailed
 from osas.domain.inventory import Instance, Inventory
-from osas.domain.ledger import Orders
+from osas.domain.ledger import DeleteOutcome, DeletePlan, Orders
 from osas.domain.limits import NodeInfo, check_node, check_nodes
 from osas.domain.options import AutoscalingOptions, group_options
 from osas.domain.pricing import node_price, pod_price
 from osas.domain.sizing import plan_decrease, plan_delete, plan_increase, require_group
 from osas.domain.specs import ClusterSpec, NodeGroupSpec
 from osas.domain.template import LABEL_INSTANCE_TYPE, NodeTemplate, build_template
+from osas.engine.deletes import ServerDeleter
 from osas.engine.events import carry_out
 from osas.engine.metrics import EngineMetrics
 from osas.engine.queue import CreateTask, TaskQueue
@@ -29,6 +32,14 @@ from osas.engine.reconciler import Reconciler
 from osas.engine.settings import EngineSettings
 
 logger = structlog.get_logger(__name__)
+
+# What DeleteNodes keeps of CA's deadline to answer in; and its budget when CA sends none.
+_ANSWER_MARGIN = 0.25
+_NO_DEADLINE_BUDGET = 30.0
+
+
+def _never_standby() -> str | None:
+    return None
 
 
 class Controller:
@@ -39,12 +50,17 @@ class Controller:
         reconciler: Reconciler,
         settings: EngineSettings,
         *,
+        deleter: ServerDeleter,
+        standby: Callable[[], str | None] = _never_standby,
         metrics: EngineMetrics | None = None,
     ) -> None:
         self.inventory = inventory
         self.queue = queue
         self.reconciler = reconciler
         self.settings = settings
+        self.deleter = deleter
+        # Why this process may not answer CA now (it does not hold the leader lease), or None.
+        self._standby = standby
         self._metrics = metrics
         self._accepting = True
 
@@ -57,6 +73,9 @@ class Controller:
     def check_ready(self) -> None:
         if not self.inventory.synced:
             raise NotReady("inventory not synced with OpenStack yet; try again shortly")
+        standby = self._standby()
+        if standby is not None:
+            raise NotReady(standby)
 
     def stop_accepting(self) -> None:
         """Shutting down: mutations are refused from now on (CA retries them elsewhere)."""
@@ -66,8 +85,14 @@ class Controller:
         if self._metrics is not None:
             self._metrics.creates_requested.labels(group_id).inc(count)
 
-    def carry_out(self, orders: Orders) -> None:
-        carry_out(orders, self.queue, self._metrics)
+    def carry_out(self, orders: Orders, *, sent_by_caller: Container[str] = ()) -> None:
+        carry_out(orders, self.queue, self._metrics, sent_by_caller=sent_by_caller)
+
+    def delete_budget(self, time_left: float | None) -> float:
+        """Seconds DeleteNodes may spend reaching Nova: CA's deadline less time to answer."""
+        if time_left is None or not math.isfinite(time_left):
+            return _NO_DEADLINE_BUDGET
+        return max(0.0, time_left - _ANSWER_MARGIN)
 
     def _check_accepting(self) -> None:
         self.check_ready()
@@ -92,6 +117,14 @@ class Controller:
     def node_groups(self) -> tuple[NodeGroupSpec, ...]:
         self.check_ready()
         return self.cluster.node_groups
+
+    def reported_max(self, spec: NodeGroupSpec) -> int:
+        """The max size CA is told for a group: its configured one, but while scale-ups are
+        held (creates of an earlier osas may still reach Nova) its target, so that CA plans
+        none; NodeGroups and NodeGroupForNode say the same."""
+        ledger = self.inventory.ledger
+        now = anyio.current_time()
+        return ledger.reported_max(spec.group_id, spec.max_size, spec.min_size, now)
 
     def node_group_for_node(self, node: NodeInfo) -> NodeGroupSpec | None:
         self.check_ready()
@@ -141,9 +174,11 @@ class Controller:
     # -- lifecycle --------------------------------------------------------------------------------
 
     def refresh(self) -> None:
-        """Nudge a sync; refuse (CA then skips its loop) only if the inventory is too stale."""
+        """Nudge a sync; refuse (CA then skips its loop) if the inventory is too stale, or if
+        this process is a standby (CA reached it before the Service's endpoint moved: its
+        whole loop is skipped, rather than run on NodeGroups answered with nothing)."""
         self.reconciler.nudge()
-        stale = self.staleness()
+        stale = self.staleness() or self._standby()
         if stale is not None:
             raise NotReady(stale)
 
@@ -163,6 +198,7 @@ class Controller:
 
     def cleanup(self) -> None:
         """CA is shutting down. Accepted work is still carried out; say how much there is."""
+        self.check_ready()
         bind_contextvars(
             queued_tasks=len(self.queue), deleting=len(self.inventory.ledger.deleting_ids())
         )
@@ -211,28 +247,97 @@ class NodeGroupView:
     def increase_size(self, delta: int) -> None:
         controller, group_id = self._controller, self.spec.group_id
         inventory = controller.inventory
-        count = plan_increase(controller.cluster, inventory, group_id, delta)
+        now = anyio.current_time()
+        count = plan_increase(controller.cluster, inventory, group_id, delta, now)
         controller.queue.ensure_room(count)
-        request_ids = inventory.ledger.accept_creates(group_id, count, anyio.current_time())
+        request_ids = inventory.ledger.accept_creates(group_id, count, now)
         controller.queue.put_all([CreateTask(request_id, group_id) for request_id in request_ids])
         controller.count_creates(group_id, count)
         bind_contextvars(delta=delta, target=inventory.target_size(group_id))
 
-    def delete_nodes(self, nodes: list[NodeInfo]) -> None:
+    async def delete_nodes(self, nodes: list[NodeInfo], time_left: float | None = None) -> None:
+        """DeleteNodes: an OK is a promise that every server named goes, kept even if this
+        process is killed right after answering, so each DELETE reaches Nova before the
+        answer. The servers are read first: one that lost this cluster's marks refuses the
+        request whole (and leaves CA's view); then every DELETE is sent at once. A delete
+        that did not reach Nova in time is taken back (the server is counted again) and the
+        call fails, saying which; the others went, as CA expects of a failed scale-down."""
         controller, group_id = self._controller, self.spec.group_id
         inventory = controller.inventory
         check_nodes(nodes)
         pairs = [(node.name, node.provider_id) for node in nodes]
         plan = plan_delete(controller.cluster, inventory, group_id, pairs)
-        controller.queue.ensure_room(len(plan.servers))
-        controller.carry_out(inventory.ledger.accept_delete(plan, anyio.current_time()))
+        budget = controller.delete_budget(time_left)
+        begun = anyio.current_time()
+        gone: tuple[str, ...] = ()
+        if plan.servers:
+            read = await controller.deleter.read_marks(plan.servers, group_id, budget / 2)
+            if read.unowned:
+                controller.carry_out(inventory.ledger.marks_lost(read.unowned, begun))
+                raise PreconditionFailed(
+                    f"{_listed(read.unowned)}: no longer carrying "
+                    f"this cluster's ownership marks for node group {group_id!r} (a metadata "
+                    "key or tag removed or changed by hand): osas never deletes such a server, "
+                    "and no longer reports it; nothing was deleted"
+                )
+            if read.failed:
+                raise CloudUnavailable(
+                    f"could not read {_listed(read.failed)} before deleting "
+                    f"({next(iter(read.failed.values()))}); nothing was deleted"
+                )
+            gone = read.gone
+            # The reads awaited: the decision is taken again on what the inventory holds now.
+            plan = plan_delete(controller.cluster, inventory, group_id, pairs)
+        ledger = inventory.ledger
+        orders = ledger.accept_delete(plan, anyio.current_time())
+        controller.carry_out(orders, sent_by_caller=set(plan.servers))
         bind_contextvars(
             servers=len(plan.servers),
             failed_creates=len(plan.failures),
             cancelled_creates=len(plan.cancels) + len(plan.give_ups),
             repeats=plan.repeats + len(plan.unknown),
-            target=inventory.target_size(group_id),
         )
+        if plan.servers:
+            left = budget - (anyio.current_time() - begun)
+            await self._send_deletes(plan, gone, left)
+        bind_contextvars(target=inventory.target_size(group_id))
+
+    async def _send_deletes(self, plan: DeletePlan, gone: tuple[str, ...], budget: float) -> None:
+        controller = self._controller
+        ledger = controller.inventory.ledger
+        to_send = [server_id for server_id in plan.servers if server_id not in gone]
+        unsent: dict[str, str] = {}
+        settled: set[str] = set()
+        try:
+            for server_id in gone:
+                controller.carry_out(
+                    ledger.finish_delete(server_id, DeleteOutcome.GONE, anyio.current_time())
+                )
+                settled.add(server_id)
+            results = await controller.deleter.send_all(to_send, budget)
+            for server_id, result in results.items():
+                if isinstance(result, DeleteOutcome) and result is not DeleteOutcome.FAILED:
+                    now = anyio.current_time()
+                    controller.carry_out(ledger.finish_delete(server_id, result, now))
+                    settled.add(server_id)
+                elif isinstance(result, DeleteOutcome):
+                    unsent[server_id] = "this osas is no longer the leader"
+                else:
+                    unsent[server_id] = result
+        finally:
+            # Also when CA gave up waiting and the call was cancelled: nothing is promised of
+            # a delete not known to have reached Nova. (No await here: nothing can interrupt.)
+            for server_id in plan.servers:
+                if server_id not in settled:
+                    reason = unsent.get(server_id, "the call ended first")
+                    now = anyio.current_time()
+                    controller.carry_out(ledger.delete_not_sent(server_id, reason, now))
+        if unsent:
+            raise CloudUnavailable(
+                f"{len(unsent)} of {len(plan.servers)} deletes did not reach Nova "
+                f"({next(iter(unsent.values()))}): {_listed(unsent)} stay"
+                f"{'s' if len(unsent) == 1 else ''} in node group {plan.group_id!r}"
+            )
 
     def decrease_target_size(self, delta: int) -> None:
         controller, group_id = self._controller, self.spec.group_id
@@ -240,3 +345,10 @@ class NodeGroupView:
         plan = plan_decrease(controller.cluster, inventory, group_id, delta)
         inventory.ledger.accept_decrease(plan, anyio.current_time())
         bind_contextvars(delta=delta, target=inventory.target_size(group_id))
+
+
+def _listed(server_ids: Mapping[str, object] | tuple[str, ...]) -> str:
+    """Servers named in an answer: the first few, and how many more."""
+    ids = list(server_ids)
+    shown = ", ".join(f"server {server_id}" for server_id in ids[:3])
+    return shown if len(ids) <= 3 else f"{shown} and {len(ids) - 3} more"  # noqa: PLR2004

@@ -5,6 +5,7 @@ entering and leaving a problem state are told here too."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Container
 
 import structlog
 
@@ -29,6 +30,9 @@ _EVENT_LEVELS: dict[EventKind, int] = {
     EventKind.ABOVE_MAX_KEPT: logging.WARNING,
     EventKind.SHARED_REQUEST_KEPT: logging.WARNING,
     EventKind.UNKNOWN_PLACEHOLDER: logging.INFO,
+    EventKind.DELETE_NOT_SENT: logging.WARNING,
+    # A person took the server out of the cluster's hands (or it never was ours): told once.
+    EventKind.MARKS_LOST: logging.WARNING,
 }
 
 _DELETE_LEVELS: dict[DeleteReason, int] = {
@@ -62,10 +66,18 @@ def log_orders(orders: Orders, metrics: EngineMetrics | None = None) -> None:
         )
 
 
-def carry_out(orders: Orders, queue: TaskQueue, metrics: EngineMetrics | None = None) -> None:
-    """Log and count what the ledger said, and queue its deletes (those not in hand already)."""
+def carry_out(
+    orders: Orders,
+    queue: TaskQueue,
+    metrics: EngineMetrics | None = None,
+    *,
+    sent_by_caller: Container[str] = (),
+) -> None:
+    """Log and count what the ledger said, and queue its deletes (those not in hand already,
+    and not of the servers the caller sends itself)."""
     log_orders(orders, metrics)
-    left_out = queue.put_new(delete_tasks(orders.deletes))
+    queued = [order for order in orders.deletes if order.server_id not in sent_by_caller]
+    left_out = queue.put_new(delete_tasks(queued))
     if left_out:
         # Marked deleting all the same: the ledger sends them again after delete_retry_after.
         logger.warning("queue full; deletes postponed", servers=len(left_out))

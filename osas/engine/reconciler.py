@@ -1,11 +1,18 @@
 """Keeps the inventory in step with the cloud: complete listings now and then, cheap
 incremental ones in between, so steady-state traffic does not grow with the cluster.
 
-The first listing fetches every server's details. Later complete listings (resyncs) fetch
-only ids (Nova's brief listing), plus the details of what changed since the last listing and
-of ids the inventory does not know; they are compared with the inventory in slices, with the
-event loop given a turn between slices, and the difference is applied at the end in one step
-of O(changed): readers never see a half-applied listing, and never wait long for the loop.
+A complete listing reads every server of the cluster again, with its details (state and
+marks): a change Nova's ``changes-since`` cannot show (a metadata key deleted by hand, a tag
+removed, a server a listing missed) is seen within one ``full_resync_interval``. It is
+claimed page by page and compared with the inventory in slices, with the event loop given a
+turn between slices, and the difference is applied at the end in one step of O(changed):
+readers never see a half-applied listing, and never wait long for the loop.
+
+Incremental listings ask for what changed since the last listing by Nova's clock (the
+``Date`` of its answer), never osas's: Nova compares ``changes-since`` with its own
+``updated_at``, so a value from a clock that disagrees with Nova's would hide every change
+for as long as they disagree. A Nova clock that went back (its answers dated before the last
+one) could hide changes stamped in the gap: a complete listing follows at once.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import anyio.lowlevel
 import structlog
 
 from osas.cloud.errors import CloudError, CredentialsRefused
-from osas.cloud.port import Cloud
+from osas.cloud.port import Cloud, ServerListing
 from osas.domain.inventory import Inventory
 from osas.domain.ledger import Orders
 from osas.domain.problems import ProblemSettings, ProblemWatch
@@ -40,9 +47,24 @@ T = TypeVar("T")
 # the inventory, and servers checked for their ownership marks (a few milliseconds each).
 _IDS_PER_SLICE = 5000
 _RECORDS_PER_SLICE = 500
-# Above this many listed ids the inventory does not know (and no detail listing showed), one
-# complete detail listing costs Nova less than a GET for each.
-_DETAIL_GETS_MAX = 100
+# Nova's clock this far from osas's is said once (warning) and kept in /metrics; below it,
+# the Date header's whole seconds and the round trip explain the difference.
+CLOCK_OFFSET_WARNING = 5.0
+
+
+def _parse_time(text: str) -> datetime | None:
+    """Nova's ISO 8601 timestamps ("2026-11-27T00:15:18Z"), as aware datetimes."""
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def newest_update(listing: ServerListing) -> datetime | None:
+    """The newest ``updated`` a listing showed: Nova's time where it sent no Date header."""
+    times = [t for r in listing.records if r.updated and (t := _parse_time(r.updated))]
+    return max(times, default=None)
 
 
 async def _turns(items: Sequence[T], size: int) -> AsyncIterator[Sequence[T]]:
@@ -60,6 +82,10 @@ class SyncStatus:
     last_error: str | None = None
     # Why OpenStack refuses osas's credentials, while it does (an operator's error).
     credentials_refused: str | None = None
+    # Nova's clock minus osas's, seconds, as the last listing's Date header showed it.
+    nova_clock_offset: float | None = None
+    # Complete listings made at once because Nova's clock went back.
+    clock_jumps: int = 0
 
 
 class Reconciler:
@@ -73,9 +99,17 @@ class Reconciler:
         settings: EngineSettings,
         *,
         clock: Callable[[], float] = anyio.current_time,
+        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        leading: Callable[[], bool] = lambda: True,
         metrics: EngineMetrics | None = None,
     ) -> None:
         self._clock = clock
+        # A standby keeps its inventory warm with incremental syncs alone: the complete listing
+        # (78 MB of Nova's answers at 50,000 servers) is the writer's, and the first one a new
+        # leader makes (``want_complete``).
+        self._leading = leading
+        # osas's own wall clock: only ever compared with Nova's, to say how far apart they are.
+        self._wall_clock = wall_clock
         self._metrics = metrics
         self._cloud = cloud
         self._inventory = inventory
@@ -84,15 +118,14 @@ class Reconciler:
         self._settings = settings
         self._marks = OwnershipMarks(inventory.cluster.cluster_name)  # restart-only
         self._last_full: float | None = None
-        # Wall-clock start of the last successful listing, for changes-since.
-        self._last_listing: datetime | None = None
+        # Nova's clock when it answered the last successful listing: the next changes-since.
+        self._since: datetime | None = None
         self._nudged = anyio.Event()
         self._last_nudged = -math.inf  # when a nudge last started a sync
         # Groups whose flavor a reload could not fetch: fetched at the next sync of any kind.
         self._flavors_wanted: set[str] = set()
-        # Ids a listing by the cluster tag shows that lack the metadata marks: not ours, and not
-        # worth a GET at every resync (a marks change bumps them into the changes-since listing).
-        self._foreign: set[str] = set()
+        self._offset_warned = False
+        self._went_back = False  # the last listing was dated before the one before it
         self.status = SyncStatus()
         # Servers a person should look at; reviewed after every sync, never acted on.
         self.problems = ProblemWatch(
@@ -106,11 +139,16 @@ class Reconciler:
         self._nudged.set()
 
     def _full_due(self, now: float) -> bool:
-        return (
-            self._last_full is None
-            or self._last_listing is None
-            or now - self._last_full >= self._settings.reconcile.full_resync_interval
-        )
+        if self._last_full is None or self._since is None:
+            return True
+        interval = self._settings.reconcile.full_resync_interval
+        return now - self._last_full >= interval and self._leading()
+
+    def want_complete(self) -> None:
+        """A complete listing at the next sync, soon (a standby that just took the Lease
+        reads what incremental syncs cannot show before long)."""
+        self._last_full = None
+        self.nudge()
 
     async def reconcile_once(self, *, full: bool | None = None) -> Orders:
         """One sync; raises ``CloudError`` and keeps the last good inventory when it fails.
@@ -118,10 +156,20 @@ class Reconciler:
         now = self._clock()
         if full is None:
             full = self._full_due(now)
-        full = full or self._last_listing is None
+        full = full or self._since is None
+        orders = await self._sync(full=full)
+        if not full and self._since is not None and self._went_back:
+            # Nova's clock went back: changes stamped before the old changes-since would stay
+            # hidden from every incremental listing. One complete listing sees them all.
+            self.status.clock_jumps += 1
+            orders = await self._sync(full=True)
+        return orders
+
+    async def _sync(self, *, full: bool) -> Orders:
+        now = self._clock()
         generation = self._ledger.begin_sync()
-        started = datetime.now(UTC)
         begun = time.perf_counter()
+        self._went_back = False
         try:
             orders = await self._list(generation, full=full)
         except CloudError as exc:
@@ -137,7 +185,6 @@ class Reconciler:
             self.status.full_syncs += 1
         else:
             self.status.incremental_syncs += 1
-        self._last_listing = started
         self.status.last_error = None
         carry_out(orders, self._queue, self._metrics)
         if self._metrics is not None:
@@ -158,18 +205,40 @@ class Reconciler:
         return orders
 
     async def _list(self, generation: int, *, full: bool) -> Orders:
-        """The listing of one sync, settled: the first (every detail), a complete one (ids,
-        and details of what changed), or an incremental one."""
-        if self._last_listing is None:
-            tag = self._marks.cluster_tag
-            details = await self._claim_pages(self._cloud.list_server_pages(tag))
-            return await self._complete(generation, details, None)
-        if full:
-            return await self._resync(generation, self._last_listing)
-        orders = await self._incremental(generation, self._last_listing)
+        """The listing of one sync, settled: a complete one (every server's details, page by
+        page) or an incremental one (what changed since the last listing, by Nova's clock)."""
+        if full or self._since is None:
+            return await self._complete_listing(generation)
+        orders = await self._incremental(generation, self._since)
         if self._flavors_wanted:
             await self._refresh_flavors(set(self._flavors_wanted))
         return orders
+
+    def _since_for_next(self, nova_time: datetime | None, wall_before: datetime) -> None:
+        """Remember Nova's time of a listing just made, for the next ``changes-since``; note
+        how far Nova's clock is from osas's, and whether it went back."""
+        if nova_time is None:
+            return  # neither a Date header nor a server's `updated`: keep the last one
+        overlap = self._settings.reconcile.changes_since_overlap
+        previous = self._since
+        if previous is not None and (previous - nova_time).total_seconds() > overlap / 2:
+            logger.warning(
+                "Nova's clock went back; listing every server again",
+                seconds=round((previous - nova_time).total_seconds()),
+            )
+            self._went_back = True
+        self._since = nova_time
+        offset = (nova_time - wall_before).total_seconds()
+        self.status.nova_clock_offset = offset
+        if abs(offset) > CLOCK_OFFSET_WARNING and not self._offset_warned:
+            self._offset_warned = True
+            logger.warning(
+                "Nova's clock and osas's disagree; osas takes changes-since from Nova's clock",
+                nova_minus_osas_seconds=round(offset),
+            )
+        elif abs(offset) <= CLOCK_OFFSET_WARNING and self._offset_warned:
+            self._offset_warned = False
+            logger.info("Nova's clock and osas's agree again", nova_minus_osas_seconds=offset)
 
     def _failed(self, exc: CloudError) -> None:
         self.status.failures += 1
@@ -194,107 +263,118 @@ class Reconciler:
         return claimed
 
     async def _claim_pages(
-        self, pages: AsyncIterator[list[ServerRecord]]
-    ) -> dict[str, Server | None]:
+        self, pages: AsyncIterator[ServerListing]
+    ) -> tuple[dict[str, Server | None], datetime | None]:
         """A listing claimed page by page: only what is ours outlives its page (at 50,000
-        servers the records of a whole listing would hold some 50 MB at once)."""
+        servers the records of a whole listing would hold some 50 MB at once). With Nova's
+        time of its first answer (else the newest ``updated`` it showed)."""
         claimed: dict[str, Server | None] = {}
+        nova_time: datetime | None = None
+        newest: datetime | None = None
+        first = True
         async for page in pages:
-            claimed.update(await self._claim(page))
-        return claimed
+            if first:
+                nova_time, first = page.nova_time, False
+            if nova_time is None:
+                page_newest = newest_update(page)
+                if page_newest is not None and (newest is None or page_newest > newest):
+                    newest = page_newest
+            claimed.update(await self._claim(page.records))
+        return claimed, nova_time or newest
 
-    async def _resync(self, generation: int, since: datetime) -> Orders:
-        """A complete listing by ids, with details only for what changed or is new."""
-        tag = self._marks.cluster_tag
-        listed = await self._cloud.list_server_ids(tag)
-        since -= timedelta(seconds=self._settings.reconcile.changes_since_overlap)
-        details = await self._claim(await self._cloud.list_servers(tag, changes_since=since))
-        snapshot, foreign = self._inventory.snapshot, self._foreign
-        unknown: list[str] = []
-        async for chunk in _turns(list(listed), _IDS_PER_SLICE):
-            unknown += (i for i in chunk if i not in snapshot and i not in details)
-        unknown = [server_id for server_id in unknown if server_id not in foreign]
-        if len(unknown) > _DETAIL_GETS_MAX:
-            details = await self._claim_pages(self._cloud.list_server_pages(tag))
-            return await self._complete(generation, details, None)
-        for server_id in unknown:
-            record = await self._cloud.get_server(server_id)
-            if record is not None:
-                details[server_id] = self._marks.claim(record)
-        return await self._complete(generation, details, listed)
+    async def _complete_listing(self, generation: int) -> Orders:
+        """Every server carrying the cluster's tag, with its details, settled as a whole."""
+        wall_before = self._wall_clock()
+        pages = self._cloud.list_server_pages(self._marks.cluster_tag)
+        details, nova_time = await self._claim_pages(pages)
+        orders = await self._complete(generation, details)
+        self._since_for_next(nova_time, wall_before)
+        return orders
 
-    async def _complete(
-        self, generation: int, details: dict[str, Server | None], listed: set[str] | None
-    ) -> Orders:
-        """Settle a complete listing: ``listed`` holds every id it showed (None: exactly the
-        ids of ``details``), ``details`` the servers that may have changed (None: not ours).
-        Compared with the inventory in slices; the difference applied in one step."""
+    async def _complete(self, generation: int, details: dict[str, Server | None]) -> Orders:
+        """Settle a complete listing: ``details`` holds every server it showed (None: not
+        ours: it lacks a mark). Compared with the inventory in slices; the difference applied
+        in one step."""
         snapshot = self._inventory.snapshot
         changed: list[Server] = []
         async for chunk in _turns(list(details.values()), _RECORDS_PER_SLICE):
             changed += (s for s in chunk if s is not None and snapshot.get(s.server_id) != s)
-        shown: Container[str] = details if listed is None else listed
         gone: list[str] = []
+        unowned: list[str] = []
         async for known in _turns(snapshot.ids(), _IDS_PER_SLICE):
             for server_id in known:
-                if server_id in details:
-                    if details[server_id] is None:
-                        gone.append(server_id)  # lost its marks
-                elif server_id not in shown:
+                if server_id not in details:
                     gone.append(server_id)
-        omitted = [server_id for server_id in gone if server_id not in details]
-        omitted += self._ledger.created_unlisted(shown)
-        found = await self._confirm_absent(omitted)
+                elif details[server_id] is None:
+                    unowned.append(server_id)  # lost a mark by hand: no longer ours
+        omitted = gone + self._ledger.created_unlisted(details)
+        found, untagged = await self._confirm_absent(omitted)
         # Still there, with our marks: the listing missed them (Nova's paging does, while
         # builds are in flight). Taken as listed, never as gone.
         gone = [server_id for server_id in gone if server_id not in found]
+        unowned += untagged
+        gone = [server_id for server_id in gone if server_id not in untagged]
         changed += (s for s in found.values() if snapshot.get(s.server_id) != s)
-        not_ours = {server_id for server_id, server in details.items() if server is None}
-        self._foreign = not_ours | (self._foreign & listed if listed is not None else set())
         await self._refresh_flavors()
         self.problems.observe(changed)
-        return self._ledger.settle_complete(generation, changed, gone, self._clock())
+        return self._ledger.settle_complete(
+            generation, changed, gone, self._clock(), unowned=unowned
+        )
 
-    async def _confirm_absent(self, server_ids: list[str]) -> dict[str, Server]:
-        """The servers a complete listing left out that a GET still finds with our marks.
+    async def _confirm_absent(self, server_ids: list[str]) -> tuple[dict[str, Server], list[str]]:
+        """The servers a complete listing left out that a GET still finds with our marks, and
+        those it finds without one (a tag removed by hand takes a server out of the tagged
+        listing: not ours any more, but not gone either).
 
         A complete listing is the only evidence that a server is gone, and real Nova's paged
         listings can miss one while builds are in flight; taking that as a deletion would
         shrink the target (CA would ask for a server too many) or give a create up and delete
         its server as an orphan. One GET per server left out: normally none."""
         found: dict[str, Server] = {}
+        unowned: list[str] = []
         for server_id in server_ids:
             record = await self._cloud.get_server(server_id)
             server = None if record is None else self._marks.claim(record)
             if server is not None:
                 found[server_id] = server
+            elif record is not None and record.status != "DELETED":
+                unowned.append(server_id)
         if found:
             logger.warning(
                 "a complete listing missed servers a GET still finds", servers=len(found)
             )
-        return found
+        return found, unowned
 
     async def _incremental(self, generation: int, since: datetime) -> Orders:
         """What changed in the project since the last listing, deleted servers included (an
         untagged ``changes-since``: Nova drops a deleted server's tags, so a tag filter would
         hide exactly the deletions). A server deleted behind osas's back leaves CA's view
         within one incremental sync; the cost follows what changed in the project, not its
-        size, and the complete listing stays a safety net."""
+        size, and the complete listing stays a safety net. ``since`` is Nova's time, less an
+        overlap for the clocks of Nova's own hosts (the one that dates answers and the ones
+        that stamp ``updated_at``), which need not agree to the second."""
         since -= timedelta(seconds=self._settings.reconcile.changes_since_overlap)
-        records = await self._cloud.list_changes(since)
+        wall_before = self._wall_clock()
+        listing = await self._cloud.list_changes(since)
         snapshot = self._inventory.snapshot
         changed: list[Server] = []
         gone: list[str] = []
-        for record in records:
+        unowned: list[str] = []
+        for record in listing.records:
             server = self._marks.claim(record)
             if server is not None and record.status != "DELETED":
                 changed.append(server)
             elif record.server_id in snapshot or self._ledger.is_marked(record.server_id):
-                # Deleted (its tags and metadata gone with it), or lost its marks: no longer
-                # ours to report.
-                gone.append(record.server_id)
+                if record.status == "DELETED":
+                    gone.append(record.server_id)  # its tags and metadata went with it
+                else:
+                    unowned.append(record.server_id)  # a mark changed by hand
         self.problems.observe(changed)
-        return self._ledger.settle_changes(generation, changed, gone, self._clock())
+        orders = self._ledger.settle_changes(
+            generation, changed, gone, self._clock(), unowned=unowned
+        )
+        self._since_for_next(listing.nova_time or newest_update(listing), wall_before)
+        return orders
 
     def want_flavors(self, group_ids: Iterable[str]) -> None:
         """Fetch these groups' flavors at the next sync (a reload could not)."""

@@ -137,6 +137,7 @@ class StatusSources:
     clock: Callable[[], float]
     readiness: Callable[[], str | None]  # None when ready, else why not
     rejected_certificate_reloads: Callable[[], int]
+    leadership: Callable[[], dict[str, object]]  # the leader election's own status
 
 
 def build_status(sources: StatusSources) -> dict[str, Any]:
@@ -154,6 +155,9 @@ def build_status(sources: StatusSources) -> dict[str, Any]:
                 "id": group_id,
                 "min_size": spec.min_size,
                 "max_size": spec.max_size,
+                "reported_max_size": inventory.ledger.reported_max(
+                    group_id, spec.max_size, spec.min_size, sources.clock()
+                ),
                 "target_size": inventory.target_size(group_id) if inventory.synced else None,
                 "servers": census.servers(group_id),
                 "creates": census.creates(group_id),
@@ -162,6 +166,8 @@ def build_status(sources: StatusSources) -> dict[str, Any]:
         )
     sync = sources.reconciler.status
     not_ready = sources.readiness()
+    held = inventory.ledger.headroom_held(sources.clock())
+    offset = sync.nova_clock_offset
     return {
         "version": sources.version,
         "ready": not_ready is None,
@@ -172,7 +178,11 @@ def build_status(sources: StatusSources) -> dict[str, Any]:
             "incremental": sync.incremental_syncs,
             "failures": sync.failures,
             "last_error": sync.last_error,
+            "nova_clock_offset_seconds": None if offset is None else round(offset, 1),
+            "clock_jumps": sync.clock_jumps,
         },
+        "leader_election": sources.leadership(),
+        "scale_ups_held_seconds": None if held is None else round(held, 1),
         "queue": {
             "creates": len(queue) - queue.queued_deletes(),
             "deletes": queue.queued_deletes(),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import anyio
 import structlog
@@ -21,6 +22,7 @@ from osas.domain.ledger import (
 )
 from osas.domain.servers import ErrorClass, ErrorInfo, OwnershipMarks
 from osas.domain.specs import ClusterSpec, NodeGroupSpec
+from osas.engine.deletes import ServerDeleter
 from osas.engine.events import carry_out, log_orders
 from osas.engine.metrics import EngineMetrics
 from osas.engine.queue import CreateTask, DeleteTask, Task, TaskQueue
@@ -83,10 +85,15 @@ class Workers:
         queue: TaskQueue,
         settings: EngineSettings,
         *,
+        deleter: ServerDeleter,
+        may_write: Callable[[], bool] = lambda: True,
         metrics: EngineMetrics | None = None,
     ) -> None:
         self._inventory = inventory
         self._cloud = cloud
+        self._deleter = deleter
+        # Asked right before every create is sent: only the leader lease's holder sends any.
+        self._may_write = may_write
         self._metrics = metrics
         self._ledger = inventory.ledger
         self._queue = queue
@@ -194,7 +201,16 @@ class Workers:
         attempt = 0
         # The ledger hands out only creates still wanted: a reload that removed the group
         # cancelled its queued ones.
-        while self._ledger.take_create(task.request_id) is not None:
+        while True:
+            if not self._may_write():
+                # The leader lease is lost (or its renewal overdue): this process stops; the
+                # new leader's CA asks again. Never sent, so nothing of it can reach Nova.
+                log.warning("not the leader any more: create dropped unsent")
+                now = anyio.current_time()
+                self._carry_out(self._ledger.drop_queued([task.request_id], now))
+                return
+            if self._ledger.take_create(task.request_id) is None:
+                return
             outcome = await self._attempt(task, log)
             if isinstance(outcome, Created):
                 log.info("server created", server_id=outcome.server.server_id)
@@ -267,12 +283,5 @@ class Workers:
         self._carry_out(self._ledger.finish_delete(task.server_id, outcome, anyio.current_time()))
 
     async def _delete_once(self, task: DeleteTask) -> DeleteOutcome:
-        record = await self._cloud.get_server(task.server_id)
-        if record is None:
-            return DeleteOutcome.GONE
-        server = self._marks.claim(record)
-        if server is None or server.group_id != task.group_id:
-            # Marks changed since the listing: never delete what is not ours.
-            return DeleteOutcome.NOT_OURS
-        await self._cloud.delete_server(task.server_id)
-        return DeleteOutcome.SENT
+        # Marks changed since the listing: never delete what is not ours.
+        return await self._deleter.delete_one(task.server_id, task.group_id)

@@ -168,8 +168,16 @@ def provider_handler(
     return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 
 
+# Health service names of the plaintext probe port, for kubelet's gRPC probes: alive while
+# the process runs; ready once the inventory is warm (leader or standby: a standby's pod is
+# Ready, so that rollouts and disruption budgets work; CA's Service reaches the leader alone).
+LIVENESS = "liveness"
+READINESS = "readiness"
+
+
 class ProviderServer:
-    """Both gRPC servers with their health services; NOT_SERVING until ``set_serving``."""
+    """Both gRPC servers with their health services: the provider service (and "") NOT_SERVING
+    until ``set_serving`` (this process is the writer), ``readiness`` until ``set_warm``."""
 
     def __init__(
         self,
@@ -230,6 +238,8 @@ class ProviderServer:
         for servicer in (self._health, self._public_health):
             for name in ("", SERVICE_NAME):
                 await servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self._public_health.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
+        await self._public_health.set(READINESS, health_pb2.HealthCheckResponse.NOT_SERVING)
         self._servers = [server, health_server]
         await server.start()
         await health_server.start()
@@ -240,6 +250,10 @@ class ProviderServer:
             health_port=self.health_port,
             tls=settings.tls is not None,
         )
+
+    async def set_warm(self) -> None:
+        """The inventory is synced: ready to serve or to take over (kubelet's readiness)."""
+        await self._public_health.set(READINESS, health_pb2.HealthCheckResponse.SERVING)
 
     async def set_serving(self) -> None:
         for servicer in (self._health, self._public_health):

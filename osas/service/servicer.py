@@ -66,8 +66,8 @@ class CloudProviderServicer:
 
     def __init__(self, controller: Controller) -> None:
         self._controller = controller
-        # group id -> (the spec it was made from, the answer)
-        self._for_node: dict[str, tuple[NodeGroupSpec, Serialized]] = {}
+        # group id -> (the spec and max size it was made from, the answer)
+        self._for_node: dict[str, tuple[NodeGroupSpec, int, Serialized]] = {}
         self._nodes = _PerGeneration()
         self._targets = _PerGeneration()
 
@@ -75,22 +75,28 @@ class CloudProviderServicer:
     async def NodeGroups(
         self, request: pb.NodeGroupsRequest, context: Context
     ) -> pb.NodeGroupsResponse:
-        groups = self._controller.node_groups()
-        return pb.NodeGroupsResponse(nodeGroups=[translate.node_group(g) for g in groups])
+        controller = self._controller
+        groups = controller.node_groups()
+        return pb.NodeGroupsResponse(
+            nodeGroups=[translate.node_group(g, controller.reported_max(g)) for g in groups]
+        )
 
     @translate_errors
     async def NodeGroupForNode(
         self, request: pb.NodeGroupForNodeRequest, context: Context
     ) -> Serialized:
-        spec = self._controller.node_group_for_node(translate.node_info(request.node))
+        controller = self._controller
+        spec = controller.node_group_for_node(translate.node_info(request.node))
         if spec is None:
             return _NOT_OURS
+        max_size = controller.reported_max(spec)
         cached = self._for_node.get(spec.group_id)
-        if cached is None or cached[0] is not spec:
-            response = pb.NodeGroupForNodeResponse(nodeGroup=translate.node_group(spec))
-            cached = (spec, Serialized(response.SerializeToString()))
+        if cached is None or cached[0] is not spec or cached[1] != max_size:
+            group = translate.node_group(spec, max_size)
+            response = pb.NodeGroupForNodeResponse(nodeGroup=group)
+            cached = (spec, max_size, Serialized(response.SerializeToString()))
             self._for_node[spec.group_id] = cached
-        return cached[1]
+        return cached[2]
 
     @translate_errors
     async def PricingNodePrice(
@@ -156,7 +162,8 @@ class CloudProviderServicer:
         self, request: pb.NodeGroupDeleteNodesRequest, context: Context
     ) -> pb.NodeGroupDeleteNodesResponse:
         group = self._controller.group_to_change(request.id)
-        group.delete_nodes([translate.node_info(node) for node in request.nodes])
+        nodes = [translate.node_info(node) for node in request.nodes]
+        await group.delete_nodes(nodes, context.time_remaining())
         return pb.NodeGroupDeleteNodesResponse()
 
     @translate_errors

@@ -30,9 +30,11 @@ def node_info(node: pb.ExternalGrpcNode) -> NodeInfo:
     return NodeInfo(node.name, node.providerID, node.labels, node.annotations)
 
 
-def node_group(spec: NodeGroupSpec) -> pb.NodeGroup:
+def node_group(spec: NodeGroupSpec, max_size: int) -> pb.NodeGroup:
+    """A node group as CA sees it, with the max size osas reports now (see
+    ``Controller.reported_max``)."""
     return pb.NodeGroup(
-        id=spec.group_id, minSize=spec.min_size, maxSize=spec.max_size, debug=spec.debug()
+        id=spec.group_id, minSize=spec.min_size, maxSize=max_size, debug=spec.debug()
     )
 
 
