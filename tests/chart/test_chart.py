@@ -40,6 +40,7 @@ from support import make_config, running
 
 import osas
 from osas.config import NodeGroupConfig, OsasConfig, load_config
+from osas.config.schema import LeaderElectionConfig
 from osas.demo.certs import DemoAuthority
 
 PASSWORD = "s3cret-Passw0rd"
@@ -217,6 +218,51 @@ SCENARIOS: dict[str, tuple[str, dict[str, Any]]] = {
             }
         },
     ),
+    "custom-lease": (
+        "osas",
+        {
+            "config": {
+                "leader_election": {
+                    "lease_name": "scaler-lease",
+                    "lease_namespace": "osas-system",
+                    "lease_duration": "30s",
+                    "renew_deadline": "20s",
+                    "retry_period": "5s",
+                }
+            },
+            "networkPolicy": {
+                "enabled": True,
+                "egress": [{"ports": [{"port": 5000}]}],
+                "kubernetesApi": {"ports": [6443], "to": [{"ipBlock": {"cidr": "10.0.0.0/24"}}]},
+            },
+        },
+    ),
+    "other-namespace": ("osas", {}),
+    "election-off-one-replica": (
+        "osas",
+        {
+            "replicaCount": 1,
+            "config": {"leader_election": {"enabled": False}, "metrics_listen": None},
+            "replicaSpread": {"enabled": False},
+            "networkPolicy": {"enabled": True, "egress": [{"ports": [{"port": 5000}]}]},
+        },
+    ),
+    "five-replicas-strict-spread": (
+        "osas",
+        {
+            "replicaCount": 5,
+            "rbac": {"create": False},
+            "serviceAccount": {"create": False, "name": "osas-elsewhere"},
+            "topologySpreadConstraints": [
+                {
+                    "maxSkew": 1,
+                    "topologyKey": "kubernetes.io/hostname",
+                    "whenUnsatisfiable": "DoNotSchedule",
+                    "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "osas"}},
+                }
+            ],
+        },
+    ),
     "user-data-from-secrets": (
         "osas",
         {
@@ -238,11 +284,19 @@ def chart(tmp_path_factory) -> Path:
     return chart_copy(tmp_path_factory.mktemp("chart"))
 
 
+# The release's namespace where it is not kube-system (the Lease's stays kube-system).
+NAMESPACES = {"other-namespace": "autoscaling"}
+
+
+def namespace_of(scenario: str) -> str:
+    return NAMESPACES.get(scenario, "kube-system")
+
+
 @pytest.fixture(scope="session")
 def rendered(chart) -> dict[str, tuple[dict[str, str], list[dict[str, Any]]]]:
     out = {}
     for scenario, (release, values) in SCENARIOS.items():
-        files = render_files(chart, values, name=release)
+        files = render_files(chart, values, name=release, namespace=namespace_of(scenario))
         out[scenario] = (files, documents(files))
     return out
 
@@ -258,6 +312,24 @@ def deployment(objects: list[dict[str, Any]]) -> dict[str, Any]:
 
 def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
     return deployment(objects)["spec"]["template"]["spec"]["containers"][0]
+
+
+def ca_service(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    """The Service CA dials: the Deployment's name (fullname)."""
+    return find(objects, "Service", deployment(objects)["metadata"]["name"])
+
+
+def metrics_service(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return find(objects, "Service", deployment(objects)["metadata"]["name"] + "-metrics")
+
+
+def roles(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(namespace, resource) -> the Role granting it, for the Lease and the EndpointSlice."""
+    found = {}
+    for role in (o for o in objects if o["kind"] == "Role"):
+        (resource,) = {r for rule in role["rules"] for r in rule["resources"]}
+        found[(role["metadata"]["namespace"], resource)] = role
+    return found
 
 
 def port_of(address: str) -> int:
@@ -346,7 +418,7 @@ def test_ca_cloud_config_parses_as_ca_reads_it_and_the_certificate_covers_it(ren
     assert set(cloud_config) == {"address", "cert", "key", "cacert", "grpc_timeout"}
     assert re.fullmatch(r"([0-9]+(\.[0-9]+)?(h|m|s|ms))+", cloud_config["grpc_timeout"])
     host, _, port = cloud_config["address"].rpartition(":")
-    service = find(objects, "Service")
+    service = ca_service(objects)
     assert host == f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
     grpc_port = next(p for p in service["spec"]["ports"] if p["name"] == "grpc")
     assert int(port) == grpc_port["port"] == port_of(osas_config(objects)["listen"])
@@ -373,27 +445,40 @@ def test_ports_come_from_the_configuration(rendered, scenario):
     ports = {p["name"]: p["containerPort"] for p in container(objects)["ports"]}
     assert ports["grpc"] == port_of(config["listen"])
     assert ports["health"] == port_of(config["health_listen"])
-    service_ports = {p["name"]: p["port"] for p in find(objects, "Service")["spec"]["ports"]}
+    service_ports = {p["name"]: p for p in ca_service(objects)["spec"]["ports"]}
     probes = [container(objects)["livenessProbe"], container(objects)["readinessProbe"]]
     if config.get("metrics_listen"):
-        assert ports["metrics"] == service_ports["metrics"] == port_of(config["metrics_listen"])
+        (metrics,) = metrics_service(objects)["spec"]["ports"]
+        assert metrics["name"] == "metrics"
+        assert ports["metrics"] == metrics["port"] == port_of(config["metrics_listen"])
         assert [p["httpGet"] for p in probes] == [
             {"path": "/healthz", "port": "metrics"},
             {"path": "/readyz", "port": "metrics"},
         ]
     else:
         assert "metrics" not in ports
-        assert "metrics" not in service_ports
-        assert [p["grpc"]["port"] for p in probes] == [ports["health"]] * 2
-    assert service_ports["grpc"] == ports["grpc"]
+        assert not [o for o in objects if o["metadata"]["name"].endswith("-metrics")]
+        # The health port's services mean what /healthz and /readyz do.
+        assert [p["grpc"] for p in probes] == [
+            {"port": ports["health"], "service": "liveness"},
+            {"port": ports["health"], "service": "readiness"},
+        ]
+    # CA's Service carries gRPC alone, on the pod's port: the EndpointSlice the holder writes
+    # names the port `grpc` and gives the pod's number.
+    assert list(service_ports) == ["grpc"]
+    assert service_ports["grpc"]["port"] == service_ports["grpc"]["targetPort"] == ports["grpc"]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_one_writer_safe_to_evict_and_off_the_managed_nodes(rendered, scenario):
+def test_warm_standbys_safe_to_evict_and_off_the_managed_nodes(rendered, scenario):
     _, objects = rendered[scenario]
     spec = deployment(objects)["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    assert spec["replicas"] == SCENARIOS[scenario][1].get("replicaCount", 2)
+    # A new pod is ready once warm, then an old one goes (the holder's SIGTERM hands over).
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     pod = spec["template"]
     assert (
         pod["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "true"
@@ -410,11 +495,17 @@ def test_one_writer_safe_to_evict_and_off_the_managed_nodes(rendered, scenario):
     assert {"name": "OSAS_CONFIG", "value": "/etc/osas/config/osas.yaml"} in main["env"]
     assert main["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
-    assert pod["spec"]["automountServiceAccountToken"] is False
+    # The token only where osas calls the Kubernetes API (the Lease); never for the account's
+    # other users.
+    election = osas_config(objects)["leader_election"]["enabled"]
+    assert pod["spec"]["automountServiceAccountToken"] is election
+    for account in (o for o in objects if o["kind"] == "ServiceAccount"):
+        assert account["automountServiceAccountToken"] is False
     for mount in main["volumeMounts"]:
         assert "subPath" not in mount  # a subPath mount never sees a Secret's update
     pdb = find(objects, "PodDisruptionBudget")
-    assert pdb["spec"]["maxUnavailable"] == 1  # minAvailable 1 would block every drain
+    assert pdb["spec"]["maxUnavailable"] == 1  # one at a time; a single replica stays drainable
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -442,7 +533,12 @@ def test_defaults_render_the_expected_objects(rendered):
         "Issuer",
         "Pod",
         "PodDisruptionBudget",
+        "Role",
+        "Role",
+        "RoleBinding",
+        "RoleBinding",
         "Secret",
+        "Service",
         "Service",
         "ServiceAccount",
     ]
@@ -480,9 +576,14 @@ def test_names_follow_release_name_and_overrides(rendered):
     _, prod = rendered["release-name-and-overrides"]
     assert deployment(prod)["metadata"]["name"] == "prod-scaler"
     assert deployment(prod)["metadata"]["labels"]["team"] == "platform"
-    assert find(prod, "Service")["metadata"]["name"] == "prod-scaler"
+    assert ca_service(prod)["metadata"]["name"] == "prod-scaler"
+    assert osas_config(prod)["leader_election"]["service_name"] == "prod-scaler"
+    assert metrics_service(prod)["metadata"]["name"] == "prod-scaler-metrics"
     _, custom = rendered["fullname-override"]
-    assert find(custom, "Service")["metadata"]["name"] == "cloud-scaler"
+    assert ca_service(custom)["metadata"]["name"] == "cloud-scaler"
+    assert osas_config(custom)["leader_election"]["service_name"] == "cloud-scaler"
+    slice_role = roles(custom)[("kube-system", "endpointslices")]
+    assert slice_role["rules"][1]["resourceNames"] == ["cloud-scaler-leader"]
     _, cloud_config = ca_cloud_config(custom)
     assert cloud_config["address"] == "cloud-scaler.kube-system.svc:8086"
 
@@ -557,7 +658,17 @@ def test_the_ha_story_keeps_user_affinity_and_adds_the_managed_node_rule(rendere
     assert "podAntiAffinity" in pod["affinity"]
     assert pod["priorityClassName"] == "system-node-critical"
     assert pod["tolerations"][0]["key"] == "node-role.kubernetes.io/control-plane"
-    assert pod["topologySpreadConstraints"][0]["topologyKey"] == "topology.kubernetes.io/zone"
+    zone, host = pod["topologySpreadConstraints"]
+    assert zone["topologyKey"] == "topology.kubernetes.io/zone"
+    # The chart's soft spread of the replicas over nodes comes after the user's own.
+    assert host == {
+        "maxSkew": 1,
+        "topologyKey": "kubernetes.io/hostname",
+        "whenUnsatisfiable": "ScheduleAnyway",
+        "labelSelector": {
+            "matchLabels": {"app.kubernetes.io/name": "osas", "app.kubernetes.io/instance": "osas"}
+        },
+    }
 
 
 @pytest.mark.parametrize("scenario", ["network-policy", "custom-ports", "metrics-off"])
@@ -586,6 +697,11 @@ def test_network_policy_lets_only_ca_reach_grpc_and_monitoring_reach_metrics(ren
     if scenario == "network-policy":
         assert policy["policyTypes"] == ["Ingress", "Egress"]
         assert rest[-1] == {"from": [{"podSelector": {"matchLabels": {"debug": "yes"}}}]}
+        # The user's egress, then the Kubernetes API for the Lease and the EndpointSlice.
+        assert policy["egress"] == [
+            {"ports": [{"port": 5000}, {"port": 8774}, {"port": 53}]},
+            {"ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]},
+        ]
     else:
         assert policy["policyTypes"] == ["Ingress"]
 
@@ -595,9 +711,14 @@ def test_monitoring_objects_come_from_the_shipped_files(rendered, chart):
     monitor = find(objects, "ServiceMonitor")
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
-    assert (
-        monitor["spec"]["selector"]["matchLabels"] == find(objects, "Service")["spec"]["selector"]
-    )
+    # It picks the metrics Service (every replica) and never the one CA dials (the holder).
+    wanted = monitor["spec"]["selector"]["matchLabels"]
+    picked = [
+        o["metadata"]["name"]
+        for o in objects
+        if o["kind"] == "Service" and wanted.items() <= o["metadata"]["labels"].items()
+    ]
+    assert picked == ["osas-metrics"]
     rule = find(objects, "PrometheusRule")
     shipped = yaml.safe_load((chart / "files" / "prometheus-rules.yaml").read_text())
     assert rule["spec"]["groups"] == shipped["groups"]
@@ -627,13 +748,213 @@ def test_user_data_secrets_are_mounted_as_directories(rendered, tmp_path):
     assert config.node_groups[1].labels == {"pool": "gpu", "osas/node-group": "gpu"}
 
 
+# -- one writer: the Lease, its Roles, the Service CA dials ------------------------------------
+
+
+def env_of(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container(objects)["env"]}
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_the_pod_knows_who_and_where_it_is(rendered, scenario):
+    """osas's name on the Lease, its namespace, and the address the holder publishes."""
+    _, objects = rendered[scenario]
+    env = env_of(objects)
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+def test_replicas_default_to_a_writer_and_a_warm_standby_on_another_node(rendered):
+    _, objects = rendered["defaults"]
+    spec = deployment(objects)["spec"]
+    assert spec["replicas"] == 2
+    (spread,) = spec["template"]["spec"]["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["whenUnsatisfiable"] == "ScheduleAnyway"  # never keeps a replica pending
+    assert spread["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"]
+
+
+def test_a_constraint_of_the_users_on_the_same_key_replaces_the_charts_spread(rendered):
+    _, objects = rendered["five-replicas-strict-spread"]
+    spec = deployment(objects)["spec"]
+    assert spec["replicas"] == 5
+    (spread,) = spec["template"]["spec"]["topologySpreadConstraints"]
+    assert spread["whenUnsatisfiable"] == "DoNotSchedule"
+
+
+@pytest.mark.parametrize(
+    ("scenario", "lease_namespace", "lease_name"),
+    [
+        ("defaults", "kube-system", "osas-my-cluster"),
+        ("release-name-and-overrides", "kube-system", "osas-my-cluster"),
+        ("other-namespace", "kube-system", "osas-my-cluster"),
+        ("custom-lease", "osas-system", "scaler-lease"),
+    ],
+)
+def test_the_lease_role_names_the_lease_osas_computes(
+    rendered, scenario, lease_namespace, lease_name, tmp_path
+):
+    """The Role grants the very Lease osas competes for: lease_name, else osas-<cluster_name>,
+    in lease_namespace (kube-system unless set), wherever the release is."""
+    _, objects = rendered[scenario]
+    election = load_rendered_config(objects, tmp_path).election_settings()
+    assert (election.lease_namespace, election.lease_name) == (lease_namespace, lease_name)
+    role = roles(objects)[(lease_namespace, "leases")]
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [lease_name],
+            "verbs": ["get", "update"],
+        },
+    ]
+    binding = find(objects, "RoleBinding", role["metadata"]["name"])
+    assert binding["metadata"]["namespace"] == lease_namespace
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": deployment(objects)["spec"]["template"]["spec"]["serviceAccountName"],
+            "namespace": namespace_of(scenario),
+        }
+    ]
+
+
+def test_the_lease_role_elsewhere_is_named_for_the_release_namespace(rendered):
+    """Two releases in two namespaces, one Lease namespace: their Roles there must not clash."""
+    _, objects = rendered["other-namespace"]
+    assert roles(objects)[("kube-system", "leases")]["metadata"]["name"] == "autoscaling-osas-lease"
+    _, objects = rendered["defaults"]
+    assert roles(objects)[("kube-system", "leases")]["metadata"]["name"] == "osas-lease"
+
+
+@pytest.mark.parametrize("scenario", ["defaults", "fullname-override", "other-namespace"])
+def test_the_endpointslice_role_names_the_leader_slice_in_the_release_namespace(rendered, scenario):
+    _, objects = rendered[scenario]
+    namespace = namespace_of(scenario)
+    service = ca_service(objects)["metadata"]["name"]
+    role = roles(objects)[(namespace, "endpointslices")]
+    assert role["rules"] == [
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["create"]},
+        {
+            "apiGroups": ["discovery.k8s.io"],
+            "resources": ["endpointslices"],
+            "resourceNames": [f"{service}-leader"],
+            "verbs": ["get", "update", "delete"],
+        },
+    ]
+    binding = find(objects, "RoleBinding", role["metadata"]["name"])
+    assert binding["metadata"]["namespace"] == namespace
+    assert binding["subjects"][0]["namespace"] == namespace
+    # osas publishes into $POD_NAMESPACE unless told otherwise: the release's.
+    assert "service_namespace" not in osas_config(objects)["leader_election"]
+
+
+@pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s != "election-off-one-replica"])
+def test_the_configuration_elects_one_writer_behind_the_service_ca_dials(rendered, scenario):
+    _, objects = rendered[scenario]
+    election = osas_config(objects)["leader_election"]
+    assert election["enabled"] is True
+    assert election["service_name"] == ca_service(objects)["metadata"]["name"]
+    assert "kubeconfig" not in election  # the pod's service account
+    assert "identity" not in election or not election["identity"]  # POD_NAME
+    # CA's Service has no selector: its one endpoint is what the Lease holder publishes.
+    assert "selector" not in ca_service(objects)["spec"]
+    assert ca_service(objects)["metadata"]["labels"]["app.kubernetes.io/component"] == "provider"
+    if osas_config(objects).get("metrics_listen"):
+        metrics = metrics_service(objects)
+        assert metrics["spec"]["selector"] == deployment(objects)["spec"]["selector"]["matchLabels"]
+        assert metrics["metadata"]["labels"]["app.kubernetes.io/component"] == "metrics"
+
+
+def test_the_users_election_timings_and_lease_are_kept(rendered, tmp_path):
+    _, objects = rendered["custom-lease"]
+    assert osas_config(objects)["leader_election"] == {
+        "enabled": True,
+        "service_name": "osas",
+        "lease_name": "scaler-lease",
+        "lease_namespace": "osas-system",
+        "lease_duration": "30s",
+        "renew_deadline": "20s",
+        "retry_period": "5s",
+    }
+    settings = load_rendered_config(objects, tmp_path).election_settings()
+    assert (settings.lease_duration, settings.renew_deadline, settings.retry_period) == (30, 20, 5)
+    # A NetworkPolicy with egress rules lets osas reach the API, here on 6443 to one subnet.
+    policy = find(objects, "NetworkPolicy")["spec"]
+    assert policy["egress"][-1] == {
+        "ports": [{"port": 6443, "protocol": "TCP"}],
+        "to": [{"ipBlock": {"cidr": "10.0.0.0/24"}}],
+    }
+
+
+def test_without_leader_election_one_replica_is_reached_by_its_labels(rendered, tmp_path):
+    """enabled: false (one replica): no Lease, so no RBAC, no token, nothing published; CA's
+    Service selects the pod itself."""
+    _, objects = rendered["election-off-one-replica"]
+    assert not [o for o in objects if o["kind"] in ("Role", "RoleBinding")]
+    assert deployment(objects)["spec"]["replicas"] == 1
+    assert deployment(objects)["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    assert osas_config(objects)["leader_election"] == {
+        "enabled": False,
+        "lease_name": "",
+        "lease_namespace": "kube-system",
+    }
+    assert load_rendered_config(objects, tmp_path).leader_election.enabled is False
+    service = ca_service(objects)
+    assert service["spec"]["selector"] == deployment(objects)["spec"]["selector"]["matchLabels"]
+    policy = find(objects, "NetworkPolicy")["spec"]
+    assert policy["egress"] == [{"ports": [{"port": 5000}]}]  # no API rule: it never calls it
+
+
+def test_without_rbac_the_notes_say_what_to_grant(rendered):
+    files, objects = rendered["five-replicas-strict-spread"]
+    assert not [o for o in objects if o["kind"] in ("Role", "RoleBinding")]
+    pod = deployment(objects)["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "osas-elsewhere"
+    assert pod["automountServiceAccountToken"] is True
+    assert "give the service account osas-elsewhere create, get and update" in notes(files)
+
+
+def test_the_notes_show_where_to_see_the_writer(rendered):
+    files, _ = rendered["custom-lease"]
+    assert "kubectl -n osas-system get lease scaler-lease" in notes(files)
+    assert "kubectl -n kube-system get endpointslice osas-leader" in notes(files)
+
+
 # -- what the chart refuses ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("values", "reason"),
     [
-        ({"replicaCount": 2}, "/replicaCount"),
+        ({"replicaCount": 0}, "/replicaCount"),
+        ({"replicaCount": 6}, "/replicaCount"),
+        ({"replicaCount": "2"}, "/replicaCount"),
+        ({"config": {"leader_election": {"lease_duraton": "30s"}}}, "'lease_duraton' not allowed"),
+        ({"config": {"leader_election": {"enabled": "yes"}}}, "/config/leader_election/enabled"),
+        (
+            {"config": {"leader_election": {"lease_namespace": "Kube_System"}}},
+            "/config/leader_election/lease_namespace",
+        ),
+        (
+            {"config": {"leader_election": {"lease_name": "Osas Lease"}}},
+            "/config/leader_election/lease_name",
+        ),
+        (
+            {"config": {"leader_election": {"retry_period": ["2s"]}}},
+            "/config/leader_election/retry_period",
+        ),
+        ({"rbac": {"create": "true"}}, "/rbac/create"),
+        ({"replicaSpread": {"topologyKey": ""}}, "/replicaSpread/topologyKey"),
+        ({"networkPolicy": {"kubernetesApi": {"ports": []}}}, "/networkPolicy/kubernetesApi/ports"),
         ({"replicas": 1}, "'replicas' not allowed"),
         ({"config": {"listen": "8086"}}, "/config/listen"),
         ({"config": {"insecure": True}}, "'insecure' not allowed"),
@@ -678,6 +999,41 @@ def test_the_schema_refuses_values_that_would_not_work(chart, values, reason):
         (
             {"config": {"metrics_listen": None}, "metrics": {"serviceMonitor": {"enabled": True}}},
             "metrics.serviceMonitor.enabled needs config.metrics_listen",
+        ),
+        (
+            {"config": {"leader_election": {"service_name": "my-osas"}}},
+            (
+                "config.leader_election.service_name is set by the chart: it is the Service CA "
+                "dials (osas), whose only endpoint the Lease holder publishes; remove it"
+            ),
+        ),
+        (
+            {"config": {"leader_election": {"kubeconfig": "/etc/kube/config"}}},
+            "config.leader_election.kubeconfig is set by the chart: osas reaches the Kubernetes",
+        ),
+        (
+            {"config": {"leader_election": {"kubeconfig": None}}},
+            "config.leader_election.kubeconfig is set by the chart",
+        ),
+        (
+            {"config": {"leader_election": {"identity": "osas-0"}}},
+            "config.leader_election.identity would give every replica the same name",
+        ),
+        (
+            {"config": {"leader_election": {"service_namespace": "default"}}},
+            "config.leader_election.service_namespace must be the release's namespace",
+        ),
+        (
+            {"config": {"leader_election": {"enabled": False}}},  # with the default 2 replicas
+            (
+                "config.leader_election.enabled is false with replicaCount 2: every replica "
+                "would act on every scale-up (two writers). Keep leader election on, or set "
+                "replicaCount: 1"
+            ),
+        ),
+        (
+            {"replicaCount": 3, "config": {"leader_election": {"enabled": False}}},
+            "config.leader_election.enabled is false with replicaCount 3",
         ),
         (
             {"image": {"repository": ""}},  # the chart's default: osas publishes no image
@@ -729,6 +1085,17 @@ def test_schema_config_keys_are_osas_keys():
 def test_osas_knows_every_key_the_chart_writes(rendered):
     _, objects = rendered["defaults"]
     assert set(osas_config(objects)) <= set(OsasConfig.model_fields)
+
+
+def test_osas_knows_every_leader_election_key_the_chart_writes(rendered):
+    schema = helm.Chart.load(CHART).schema
+    assert schema is not None
+    keys = schema["properties"]["config"]["properties"]["leader_election"]["properties"]
+    assert set(keys) == set(LeaderElectionConfig.model_fields)
+    for scenario in ("defaults", "custom-lease"):
+        _, objects = rendered[scenario]
+        written = osas_config(objects)["leader_election"]
+        assert set(written) <= set(LeaderElectionConfig.model_fields)
 
 
 def test_stand_ins_only_for_files_the_chart_lacks(chart):

@@ -29,8 +29,26 @@ def built(request):
 
 def osas_config_of(objects, tmp_path):
     path = tmp_path / "osas.yaml"
-    path.write_text(find(objects, "ConfigMap", "osas")["data"]["osas.yaml"])
+    text = find(objects, "ConfigMap", "osas")["data"]["osas.yaml"]
+    path.write_text(text)
     return load_config(path)
+
+
+def test_the_overlay_keeps_the_leader_election_of_the_base(built):
+    """The example overlay replaces the base's osas.yaml: it must still elect one writer that
+    publishes itself behind the selector-less Service CA dials."""
+    _, objects = built
+    config = yaml.safe_load(find(objects, "ConfigMap", "osas")["data"]["osas.yaml"])
+    election = config["leader_election"]
+    assert election["enabled"] is True
+    assert election["service_name"] == "osas"
+    # The base's Role grants one Lease: the one this configuration names.
+    lease = election.get("lease_name") or f"osas-{config['cluster_name']}"
+    role = find(objects, "Role", "osas-lease")
+    assert role["metadata"]["namespace"] == election.get("lease_namespace", "kube-system")
+    assert [r["resourceNames"] for r in role["rules"] if "resourceNames" in r] == [[lease]]
+    assert "selector" not in find(objects, "Service", "osas")["spec"]
+    assert find(objects, "Deployment")["spec"]["replicas"] == 2
 
 
 def test_kustomize_output_is_valid(built):

@@ -135,6 +135,21 @@ class Process:
     group: int
 
 
+# The downward API's fields, as kubelet fills them for a pod on this loopback-only namespace.
+DOWNWARD = {
+    "metadata.name": "osas-image-lane",
+    "metadata.namespace": "kube-system",
+    "status.podIP": "127.0.0.1",
+    "spec.nodeName": "image-lane-node",
+}
+
+
+def _env_value(item: dict[str, Any]) -> str:
+    if "value" in item:
+        return str(item["value"])
+    return DOWNWARD[item["valueFrom"]["fieldRef"]["fieldPath"]]
+
+
 def process_of(pod: Pod, config: dict[str, Any]) -> Process:
     container = pod.container
     if "command" in container:  # replaces the entrypoint (and the image's CMD)
@@ -142,7 +157,7 @@ def process_of(pod: Pod, config: dict[str, Any]) -> Process:
     else:
         command = [*config.get("Entrypoint", []), *container.get("args", config.get("Cmd", []))]
     env = dict(item.split("=", 1) for item in config.get("Env", []))
-    env |= {item["name"]: item["value"] for item in container.get("env", [])}
+    env |= {item["name"]: _env_value(item) for item in container.get("env", [])}
     security = {**pod.security, **container.get("securityContext", {})}
     assert security["readOnlyRootFilesystem"] is True
     assert security["allowPrivilegeEscalation"] is False

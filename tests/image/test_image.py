@@ -49,6 +49,9 @@ SIM_PORT = 8774
 RUNNING = pb.InstanceStatus.instanceRunning
 VALUES = {
     "image": {"repository": IMAGE.rsplit(":", 1)[0], "tag": IMAGE.rsplit(":", 1)[-1]},
+    # One pod and no leader election: this namespace has no Kubernetes API, so a replica that
+    # waited for the Lease would stand by forever (the chart refuses election off with more).
+    "replicaCount": 1,
     "tls": {
         "certManager": {"enabled": False},
         "existingSecret": "osas-tls",
@@ -57,7 +60,8 @@ VALUES = {
     "config": {
         "cluster_name": "image-lane",
         "openstack": {"cloud": "osas-sim"},
-        "reconcile": {"interval": "1s", "full_resync_interval": "30s"},
+        "reconcile": {"interval": "1s", "full_resync_interval": "30s", "hold_after_start": False},
+        "leader_election": {"enabled": False},
         "node_groups": [SIM_WORKERS],
     },
 }

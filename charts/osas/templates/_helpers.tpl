@@ -172,7 +172,58 @@ app.kubernetes.io/component: test
 {{- $groups = append $groups $group }}
 {{- end }}
 {{- $_ := set $config "node_groups" $groups }}
+{{- $_ := set $config "leader_election" (include "osas.leaderElection" . | fromYaml) }}
 {{- toYaml $config }}
+{{- end }}
+
+{{/* "true" when osas elects its writer through the Lease (the chart's default), else "". */}}
+{{- define "osas.electionEnabled" -}}
+{{- $election := default (dict) .Values.config.leader_election }}
+{{- if or (not (hasKey $election "enabled")) $election.enabled }}true{{ end }}
+{{- end }}
+
+{{/* The Lease the replicas compete for, as osas names it: lease_name, else osas-<cluster_name>.
+Per cluster, not per release: any copy of osas for this cluster competes for it. */}}
+{{- define "osas.leaseName" -}}
+{{- $election := default (dict) .Values.config.leader_election }}
+{{- default (printf "osas-%s" .Values.config.cluster_name) $election.lease_name }}
+{{- end }}
+
+{{/* osas's default, kept in step with it: the Lease's namespace is fixed, never the release's. */}}
+{{- define "osas.leaseNamespace" -}}
+{{- $election := default (dict) .Values.config.leader_election }}
+{{- default "kube-system" $election.lease_namespace }}
+{{- end }}
+
+{{/* The EndpointSlice the Lease holder writes: the only endpoint of the Service CA dials. */}}
+{{- define "osas.leaderSliceName" -}}
+{{- printf "%s-leader" (include "osas.fullname" .) }}
+{{- end }}
+
+{{/* config.leader_election as the chart completes it: on (one writer among the replicas), the
+Service CA dials as the one whose endpoint the holder publishes. The user's durations, lease
+name and namespace are kept; what only the chart can know is refused. */}}
+{{- define "osas.leaderElection" -}}
+{{- $election := deepCopy (default (dict) .Values.config.leader_election) }}
+{{- if hasKey $election "service_name" }}
+{{- fail (printf "config.leader_election.service_name is set by the chart: it is the Service CA dials (%s), whose only endpoint the Lease holder publishes; remove it" (include "osas.fullname" .)) }}
+{{- end }}
+{{- if hasKey $election "kubeconfig" }}
+{{- fail "config.leader_election.kubeconfig is set by the chart: osas reaches the Kubernetes API with its pod's service account (rbac.create gives it the Lease and the EndpointSlice); remove it" }}
+{{- end }}
+{{- if $election.identity }}
+{{- fail "config.leader_election.identity would give every replica the same name on the Lease, so that each would take the other's renewals for its own: remove it (osas uses the pod's name, POD_NAME)" }}
+{{- end }}
+{{- if and $election.service_namespace (ne $election.service_namespace .Release.Namespace) }}
+{{- fail (printf "config.leader_election.service_namespace must be the release's namespace (%s), where the chart makes the Service CA dials and lets osas write its EndpointSlice; remove it" .Release.Namespace) }}
+{{- end }}
+{{- if include "osas.electionEnabled" . }}
+{{- $_ := set $election "enabled" true }}
+{{- $_ := set $election "service_name" (include "osas.fullname" .) }}
+{{- else if gt (int .Values.replicaCount) 1 }}
+{{- fail (printf "config.leader_election.enabled is false with replicaCount %d: every replica would act on every scale-up (two writers). Keep leader election on, or set replicaCount: 1" (int .Values.replicaCount)) }}
+{{- end }}
+{{- toYaml $election }}
 {{- end }}
 
 {{/* CA's cloud-config (--cloud-config), as CA's externalgrpc client reads it. */}}
@@ -214,4 +265,26 @@ not carry managedNodes.label: osas never runs on a node it may delete. */}}
 {{- $_ := set $affinity "nodeAffinity" $node }}
 {{- end }}
 {{- if $affinity }}{{ toYaml $affinity }}{{ end }}
+{{- end }}
+
+{{/* .Values.topologySpreadConstraints, and a soft spread of the replicas over
+replicaSpread.topologyKey (nodes by default) unless one of those already uses that key: the
+loss of a node takes the writer or its standby, not both. Empty when there is none. */}}
+{{- define "osas.topologySpread" -}}
+{{- $constraints := deepCopy (default (list) .Values.topologySpreadConstraints) }}
+{{- $spread := .Values.replicaSpread }}
+{{- if $spread.enabled }}
+{{- $taken := false }}
+{{- range $constraints }}
+{{- if eq .topologyKey $spread.topologyKey }}{{ $taken = true }}{{ end }}
+{{- end }}
+{{- if not $taken }}
+{{- $constraints = append $constraints (dict
+  "maxSkew" (int $spread.maxSkew)
+  "topologyKey" $spread.topologyKey
+  "whenUnsatisfiable" "ScheduleAnyway"
+  "labelSelector" (dict "matchLabels" (include "osas.selectorLabels" . | fromYaml))) }}
+{{- end }}
+{{- end }}
+{{- if $constraints }}{{ toYaml $constraints }}{{ end }}
 {{- end }}
