@@ -345,13 +345,13 @@ async def test_osas_adapter_lifecycle(nova, osas_cloud):
     assert (flavor.vcpus, flavor.ram_mib) == (1, 2048)
 
     tag = unique_tag()
-    assert await cloud.list_servers(tag) == []
+    assert (await cloud.list_servers(tag)).records == []
     records = [await cloud.create_server(osas_request(tag, f"osas-node-{i}")) for i in range(4)]
     assert all(r.status == "BUILD" for r in records)
     ids = {r.server_id for r in records}
 
     async def all_active() -> Any:
-        listed = await cloud.list_servers(tag)  # 4 servers: two pages at max_limit 3
+        listed = (await cloud.list_servers(tag)).records  # 4 servers: 2 pages at max_limit 3
         return listed if {s.server_id for s in listed if s.status == "ACTIVE"} == ids else None
 
     listed = await wait_async(all_active, "four ACTIVE servers")
@@ -372,7 +372,7 @@ async def test_osas_adapter_lifecycle(nova, osas_cloud):
         return all([await cloud.get_server(r.server_id) is None for r in records])
 
     await wait_async(all_gone, "the deletes")
-    assert await cloud.list_servers(tag) == []
+    assert (await cloud.list_servers(tag)).records == []
 
 
 async def test_osas_adapter_no_valid_host_and_error_state(nova, osas_cloud):
