@@ -6,9 +6,12 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from osas.engine.settings import ReconcileSettings
+
 if TYPE_CHECKING:
     from osas.bench.run import Figure, SizeResult
     from osas.bench.startup import StartupRow
+    from osas.bench.takeover import TakeoverResult
 
 # The targets of issue 10, in the order of its table: (figure key, size it is judged at).
 TARGETS = (
@@ -85,24 +88,33 @@ size the table names (at every size when it names none).
   (`complete listing applied`: from the listing's start to its application). The simulator
   serving that resync's listing shares the same two cores, so the same loop is also replayed
   for half as long against the bare server, with no osas running, while the simulator serves the
-  complete listing of ids a resync asks for every 5 s: the bare server's own ratio is the
-  machine's share of the tail.
+  listing a complete resync asks for (every server's details, by the cluster's tag) every 5 s:
+  the bare server's own ratio is the machine's share of the tail.
 - **Nova traffic**: requests and bytes the simulator served in the resync phase, turned into a
-  minute at the default intervals (an incremental sync every 10 s, a complete one every 10 min).
-  The project also holds as many servers of another cluster; incremental syncs list what changed
-  in the whole project (untagged `changes-since`, so that a server deleted by hand shows), so
-  the same is measured again for {churn_seconds:.0f} s against an osas at its defaults while 1%
-  of those other servers change every minute.
+  minute at the default intervals: a sync every {interval:.0f} s, and every
+  {full_resync_minutes:.0f} min a complete resync instead, which reads every server's details
+  again (one detail listing by the cluster's tag, `GET /servers/detail?tags=...`, paged at
+  1,000). One complete resync is what osas asked within the span it logged for one (the
+  listing's pages, the flavors it reads again); one incremental sync is the mean of its
+  `changes-since` listings; anything else (tokens) is counted by time. The project also holds
+  as many servers of another cluster; incremental syncs list what changed in the whole project
+  (untagged `changes-since` from Nova's clock, so that a server deleted by hand shows), so the
+  same is measured again for {churn_seconds:.0f} s against an osas at its defaults while 1% of
+  those other servers change every minute. These are the writer's figures: a warm standby
+  keeps its inventory in step with the incremental syncs alone (the rows' incremental part,
+  a few bytes a minute idle) and makes no complete listing until it takes the Lease.
 - **The metrics port under load**: {load_calls} NodeGroupTargetSize calls with the metrics port
   quiet, then again with 200 idle connections, 64 clients that sent half a request line, and 50
   clients polling `/status` and `/metrics` as fast as they are answered; 40 `/healthz` probes
   under the same load.
 - **Memory**: osas's RSS from /proc after the resync phase (several complete resyncs).
 - **Start**: from spawning `osas serve` to health SERVING, the first complete listing included.
-  The simulator serving that listing (50 pages of detail at 50k) is timed alone, with a client
-  that parses nothing, and subtracted for osas's part.
+  The simulator serving that listing (50 pages of detail at 50k, the listing of a complete
+  resync) is timed alone, with a client that parses nothing, and subtracted for osas's part.
 - **Creates**: IncreaseSize(100) at the default settings, until the simulator holds 100 more
   servers; the simulator counts the creates it has in hand at once.
+- **Takeover**: a warm standby becoming the writer under a Kubernetes Lease, in a section of
+  its own below.
 """
 
 HEADER = "| measure | target | min | median | max | n | |\n|---|---|---|---|---|---|---|"
@@ -110,6 +122,64 @@ HEADER = "| measure | target | min | median | max | n | |\n|---|---|---|---|---|
 
 STARTUP_BEGIN = "<!-- start-up: osas bench, or osas bench --start-up-only -->"
 STARTUP_END = "<!-- end of start-up -->"
+TAKEOVER_BEGIN = "<!-- takeover: osas bench, or python -m osas.bench.takeover -->"
+TAKEOVER_END = "<!-- end of takeover -->"
+
+
+def takeover_section(result: TakeoverResult, machine: dict[str, str]) -> list[str]:
+    """The takeover table: each figure over rounds."""
+    lease = {key: value.replace("s", " s") for key, value in result.lease.items()}
+    rounds = max((len(f.samples) for f in result.figures.values()), default=0)
+    lines = [
+        TAKEOVER_BEGIN,
+        "## A standby taking over",
+        "",
+        (
+            f"Leader election at its defaults (lease_duration {lease['lease_duration']}, "
+            f"renew_deadline {lease['renew_deadline']}, retry_period {lease['retry_period']}), "
+            "in separate processes: the Kubernetes API stand-in (`osas.sim.kubernetes`, Leases "
+            f"and EndpointSlices), the simulated OpenStack ({result.servers:,} servers) and two "
+            "`osas serve` with their pod's name, namespace and address. CA's side reads where "
+            "the Service leads (the EndpointSlice the holder publishes: where kube-proxy sends a "
+            "new connection) every 50 ms and calls NodeGroupTargetSize there until it is "
+            "answered; a real CA's channel adds its own reconnection backoff. The holder is "
+            "SIGKILLed (it neither releases the lease nor empties its endpoint); then a new "
+            "standby joins and the new holder is stopped with SIGTERM, as Kubernetes stops a "
+            "pod; each at a moment of the standby's retry period, spread over it by round. "
+            "Scale-ups held: `scale_ups_held_seconds` in the new holder's `/status` when it "
+            "first answers, and what IncreaseSize(1) got then; after a kill the new holder "
+            f"holds its headroom for `create_doubt_window` ({result.window or 'its default'}) "
+            "while creates the killed holder sent may still reach Nova, so *until scale-ups are "
+            "allowed again* is the time to answer plus that hold, not waited for. "
+            f"{rounds} round{'s' * (rounds != 1)}, fresh replicas each; {machine['date']}."
+        ),
+        "",
+        HEADER,
+    ]
+    lines += [_row(figure) for figure in result.figures.values()]
+    return [*lines, TAKEOVER_END]
+
+
+def _replace_section(out: Path, begin: str, end: str, section: list[str]) -> None:
+    """Write a marked section into an existing report (where it was, else before the
+    start-up section, else at the end), leaving the rest as it is."""
+    text = out.read_text() if out.exists() else "# Benchmarks\n"
+    body = "\n".join(section)
+    if begin in text and end in text:
+        head, _, rest = text.partition(begin)
+        tail = rest.partition(end)[2]
+        text = f"{head}{body}{tail}"
+    elif begin != STARTUP_BEGIN and STARTUP_BEGIN in text:
+        head, _, rest = text.partition(STARTUP_BEGIN)
+        text = f"{head}{body}\n\n{STARTUP_BEGIN}{rest}"
+    else:
+        text = f"{text.rstrip()}\n\n{body}\n"
+    out.write_text(text)
+
+
+def replace_takeover_section(out: Path, result: TakeoverResult, machine: dict[str, str]) -> None:
+    """Write the takeover section into an existing report, leaving the rest as it is."""
+    _replace_section(out, TAKEOVER_BEGIN, TAKEOVER_END, takeover_section(result, machine))
 
 
 def startup_section(rows: list[StartupRow], machine: dict[str, str]) -> list[str]:
@@ -144,15 +214,7 @@ def startup_section(rows: list[StartupRow], machine: dict[str, str]) -> list[str
 
 def replace_startup_section(out: Path, rows: list[StartupRow], machine: dict[str, str]) -> None:
     """Write the start-up section into an existing report, leaving the rest as it is."""
-    text = out.read_text() if out.exists() else "# Benchmarks\n"
-    section = "\n".join(startup_section(rows, machine))
-    if STARTUP_BEGIN in text and STARTUP_END in text:
-        head, _, rest = text.partition(STARTUP_BEGIN)
-        tail = rest.partition(STARTUP_END)[2]
-        text = f"{head}{section}{tail}"
-    else:
-        text = f"{text.rstrip()}\n\n{section}\n"
-    out.write_text(text)
+    _replace_section(out, STARTUP_BEGIN, STARTUP_END, startup_section(rows, machine))
 
 
 def write_report(
@@ -162,15 +224,23 @@ def write_report(
     results: list[SizeResult],
     creates: Figure,
     startup: list[StartupRow],
+    takeover: TakeoverResult,
 ) -> None:
     by_size = {result.servers: result for result in results}
+    defaults = ReconcileSettings()
+    how = HOW.format(
+        **plan,
+        interval=defaults.interval,
+        full_resync_minutes=defaults.full_resync_interval / 60,
+    )
     lines = [
         "# Benchmarks",
         "",
         (
             "Written by `osas bench` (`nox -s bench`); every figure below comes from the run that "
-            "wrote this page (the start-up section may come from a later `osas bench "
-            "--start-up-only`, which rewrites that section alone and dates it)."
+            "wrote this page (the start-up and takeover sections may come from a later `osas "
+            "bench --start-up-only` or `python -m osas.bench.takeover`, which rewrite their "
+            "section alone and date it)."
         ),
         "",
         (
@@ -180,7 +250,7 @@ def write_report(
         "",
         "## How",
         "",
-        HOW.format(**plan),
+        how,
         "",
         "## The targets",
         "",
@@ -202,6 +272,7 @@ def write_report(
         ]
         lines += [_row(figure) for figure in result.figures.values()]
         lines.append("")
+    lines += [*takeover_section(takeover, machine), ""]
     lines += [*startup_section(startup, machine), ""]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines).rstrip() + "\n")
