@@ -143,6 +143,8 @@ class App:
             else NoElection()
         )
         self.lease_lost = False
+        # A standby adopts the writer's servers silently; it writes once elected.
+        self.inventory.ledger.set_writer(not self.leadership.enabled)
         deleter = ServerDeleter(
             cloud, OwnershipMarks(cluster.cluster_name), self.leadership.may_write
         )
@@ -407,6 +409,7 @@ class App:
             )
         await leadership.elected.wait()
         if leadership.enabled:
+            self.inventory.ledger.set_writer(True)
             self.reconciler.want_complete()  # a standby's inventory had incremental syncs only
         self._hold_headroom()
         background.start_soon(_essential, "workers", self._run_workers)

@@ -2232,3 +2232,19 @@ def test_an_incremental_listing_showing_a_mark_changed_takes_the_server_out_of_v
     assert orders.count(EventKind.MARKS_LOST) == 1
     assert inv.target_size("workers") == 0
     assert inv.ledger.marks_lost([a.server_id], NOW) == Orders()  # told once
+
+
+def test_a_standby_adopts_the_writers_servers_silently_and_reports_strays_once_it_writes():
+    """A standby's inventory follows the writer's creates: they are not strays, nor shared
+    requests, to it. Once it writes, a server of a request it never made is a stray again
+    (of its predecessor: a kill -9 with a create on its way)."""
+    inv = inventory()
+    inv.ledger.set_writer(False)
+    first = changes(inv, [server(request_id=rid()), server(request_id=(shared := rid()))])
+    second = changes(inv, [server(request_id=shared)])
+    for orders in (first, second):
+        assert orders.count(EventKind.STRAY_ADOPTED) == 0
+        assert orders.count(EventKind.SHARED_REQUEST_KEPT) == 0
+    inv.ledger.set_writer(True)
+    late = changes(inv, [server(request_id=rid())])
+    assert late.count(EventKind.STRAY_ADOPTED) == 1

@@ -271,12 +271,13 @@ class FaultSchedule(RuleBasedStateMachine):
                 return
             running = kept(instances)[:count]
             if running:
+                # Asked, whatever the answer: a call that fails may have sent some DELETEs.
+                self.ca_deleted.update(i.id for i in running)
                 deleted, _ = await self._call(
                     self.ca.delete("big", [(i.id, i.id) for i in running])
                 )
                 if deleted:
                     self.want = max(0, self.want - len(running))
-                    self.ca_deleted.update(i.id for i in running)
                     self.promised.update(i.id.removeprefix("openstack:///") for i in running)
             await self._pause(0.2)
 
@@ -317,6 +318,8 @@ class FaultSchedule(RuleBasedStateMachine):
             if scale_up and ok and isinstance(target, int) and target + count <= self.max_size:
                 call = asyncio.ensure_future(ca.increase("big", count))
             elif not scale_up and running:
+                # Asked, whatever the answer: the kill may come with the DELETEs on the wire.
+                self.ca_deleted.update(i.id for i in running)
                 call = asyncio.ensure_future(ca.delete("big", [(i.id, i.id) for i in running]))
             else:
                 call = None  # nothing to ask: the kill comes between two calls
@@ -336,7 +339,6 @@ class FaultSchedule(RuleBasedStateMachine):
                 self.want = max(self.want, target + count)
             else:
                 self.want = max(0, self.want - len(running))
-                self.ca_deleted.update(i.id for i in running)
                 self.promised.update(i.id.removeprefix("openstack:///") for i in running)
 
         self.loop.run(run())
@@ -429,10 +431,11 @@ class FaultSchedule(RuleBasedStateMachine):
     def server_deleted_by_hand(self, data: st.DataObject) -> None:
         """Someone deletes a running server in Horizon: while Nova answers, it leaves CA's view
         within one incremental sync."""
+        pick = data.draw(st.integers(0, 255))  # drawn first: what runs depends on timing
         running = [s for s in owned(self.sim) if s.status == "ACTIVE"]
         if not running:
             return
-        server = data.draw(st.sampled_from(running))
+        server = running[pick % len(running)]
         self.sim.nova.delete_server(server.server_id)
         self.by_hand.add(server.server_id)
         faults = self.sim.nova.faults
@@ -463,10 +466,11 @@ class FaultSchedule(RuleBasedStateMachine):
         """`openstack server unset --property osas-cluster`: the server is not this cluster's
         any more. It leaves CA's view (a complete listing reads marks again, DeleteNodes reads
         them before deleting) and osas never deletes it."""
+        pick = data.draw(st.integers(0, 255))  # drawn first: what runs depends on timing
         running = [s for s in owned(self.sim) if s.status == "ACTIVE" and s.task_state is None]
         if not running:
             return
-        server = data.draw(st.sampled_from(running))
+        server = running[pick % len(running)]
         try:
             self.sim.nova.delete_metadata_key(server.server_id, META_CLUSTER)
         except NovaRefusal:
@@ -529,6 +533,7 @@ class FaultSchedule(RuleBasedStateMachine):
             failed = [i for i in instances if i.status.HasField("errorInfo")]
             self.failure_codes.update(i.status.errorInfo.errorCode for i in failed)
             if failed:
+                self.ca_deleted.update(i.id for i in failed)
                 await ca.delete("big", [(i.id, i.id) for i in failed])
             target = await ca.target_size("big")
             running = kept(instances)
@@ -539,9 +544,8 @@ class FaultSchedule(RuleBasedStateMachine):
                 # Servers CA did not ask for (adopted after a restart, above a lowered
                 # max_size): scaled down.
                 extra = running[: target - self.want]
-                deleted, _ = await self._call(ca.delete("big", [(i.id, i.id) for i in extra]))
-                if deleted:
-                    self.ca_deleted.update(i.id for i in extra)
+                self.ca_deleted.update(i.id for i in extra)
+                await self._call(ca.delete("big", [(i.id, i.id) for i in extra]))
             settled = not list(ledger.creates()) and not ledger.deleting_ids()
             if settled and target == self.want == len(running) == sum(
                 live_requests(self.sim).values()

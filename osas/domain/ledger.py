@@ -288,6 +288,9 @@ class Ledger:
         self._generations: dict[str, int] = {}
         self._generation = 0
         self._first_sync_done = False
+        # False on a standby: the servers another process (the writer) makes are adopted
+        # silently, since no rule of this process's can apply to them (``set_writer``).
+        self._writer = True
 
     # -- configuration ----------------------------------------------------------------------------
 
@@ -470,6 +473,12 @@ class Ledger:
                 self._give_up(create, now)
         return Orders()
 
+    def set_writer(self, writer: bool) -> None:
+        """Whether this process writes (it holds the leader Lease, or election is off). A
+        standby's new servers are the writer's creates: not strays, not shared requests to
+        report; once it writes, what turns up unknown is a stray again."""
+        self._writer = writer
+
     def hold_headroom(self, until: float) -> None:
         """Creates an earlier osas sent (a process killed, a lease holder that lost it) may
         still be in Nova's API, stored up to ``create_doubt_window`` after they were sent,
@@ -571,8 +580,9 @@ class Ledger:
         return orders.done()
 
     def delete_not_sent(self, server_id: str, reason: str, now: float) -> Orders:
-        """A delete CA asked for did not reach Nova before the answer, and CA is told so: the
-        server stays, counted again (osas will not delete it later on its own)."""
+        """A delete CA asked for is not known to have reached Nova before the answer, and CA
+        is told so: the server stays, counted again (osas will not delete it later on its own;
+        a DELETE already on the wire may still land, and a listing then sees it go)."""
         del now
         orders = _Draft()
         mark = self._deleting.get(server_id)
@@ -767,6 +777,10 @@ class Ledger:
             request_id = server.request_id
             if request_id is not None and self.is_given_up(request_id):
                 self._mark(server.server_id, server.group_id, DeleteReason.ORPHAN, now, orders)
+                continue
+            if not self._writer:
+                if request_id is not None:
+                    self._own.add(request_id)  # the writer's: known, not a stray
                 continue
             if request_id is not None and request_id not in seen:
                 seen.add(request_id)
