@@ -966,7 +966,7 @@ def control_api_round(sim, conn):
     assert calls["calls"]["compute.servers.create"] == 1
     assert calls["calls"]["compute.servers.list"] == 1
     assert control(sim, "POST", "/_sim/calls/reset")[0] == 204
-    assert control(sim, "GET", "/_sim/calls")[1] == {"calls": {}}
+    assert control(sim, "GET", "/_sim/calls")[1] == {"calls": {}, "throttled": {}}
 
     status, listed = control(sim, "GET", "/_sim/servers")
     assert {s["status"] for s in listed["servers"]} == {"ACTIVE"}

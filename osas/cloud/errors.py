@@ -32,6 +32,18 @@ class CreateNotSent(CloudUnavailable):
     code = "CreateNotSent"
 
 
+class RateLimited(CreateNotSent):
+    """The cloud's rate limit answered "not now" (429, or 503 with ``Retry-After``): the
+    request never reached Nova, so even a create may be sent again, after ``retry_after``
+    seconds when the cloud named them. Pace, never failure: not a send of a create."""
+
+    code = "RateLimited"
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class CreateInDoubt(CloudUnavailable):
     """A create was sent and its outcome is unknown: timeout after sending, 5xx, the connection
     dropped, the answer lost. Nova may or may not have made the server; it must never be sent
@@ -74,12 +86,16 @@ class CredentialsRefused(CloudConfigurationError):
 def create_outcome(error: CloudError) -> CreateOutcome:
     """What a create that failed with ``error`` means, for the ledger: the one table.
 
+    - ``RateLimited``: the cloud asked to slow down; sent again at the adapter's pace, and
+      not counted as a send (never reported to CA as a failed create).
     - ``CreateNotSent``: proof Nova never received it; it may be sent again.
     - ``CredentialsRefused``: a 401, so Nova did nothing; sent again once the credentials
       work, and not counted as a send (never reported to CA as a failed create).
     - any other ``CloudUnavailable`` (``CreateInDoubt`` among them): sent, outcome unknown.
     - anything else: a definite refusal, reported to CA with its error class.
     """
+    if isinstance(error, RateLimited):
+        return NotSent(error.error_info(), counts=False, paced=True)
     if isinstance(error, CreateNotSent):
         return NotSent(error.error_info())
     if isinstance(error, CredentialsRefused):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from osas.cloud.errors import (
     CloudConfigurationError,
@@ -12,11 +12,14 @@ from osas.cloud.errors import (
     CreateNotSent,
     CredentialsRefused,
     QuotaExceeded,
+    RateLimited,
     RequestRejected,
 )
 
-# Most specific first: CreateInDoubt and CreateNotSent are also CloudUnavailable.
+# Most specific first: CreateInDoubt and CreateNotSent are also CloudUnavailable, and
+# RateLimited is a CreateNotSent.
 _STATUS_OF_ERROR: tuple[tuple[type[CloudError], str], ...] = (
+    (RateLimited, "rate_limited"),
     (CreateInDoubt, "in_doubt"),
     (CreateNotSent, "not_sent"),
     (CloudUnavailable, "unavailable"),
@@ -45,8 +48,8 @@ class CloudMetrics:
         self.requests = Counter(
             "osas_openstack_requests",
             "OpenStack API calls made, by service, operation and outcome (ok, or the error "
-            "class: unavailable, quota, rejected, credentials_refused, configuration, "
-            "in_doubt, not_sent, error).",
+            "class: rate_limited, unavailable, quota, rejected, credentials_refused, "
+            "configuration, in_doubt, not_sent, error).",
             ["service", "operation", "status"],
             registry=registry,
         )
@@ -56,6 +59,13 @@ class CloudMetrics:
             "and operation.",
             ["service", "operation"],
             buckets=_BUCKETS,
+            registry=registry,
+        )
+
+        self.pace = Gauge(
+            "osas_openstack_pace_per_second",
+            "Requests per second osas allows itself now: openstack.rate_limit, lowered while "
+            "the cloud answers 429 (or 503 with Retry-After) and raised again once it stops.",
             registry=registry,
         )
 

@@ -25,6 +25,7 @@ import email.utils
 import functools
 import json
 import logging
+import random
 import re
 import threading
 import time
@@ -45,17 +46,10 @@ import openstack.warnings as sdk_warnings
 import requests.exceptions
 import structlog
 import urllib3.exceptions
-from aiolimiter import AsyncLimiter
 from cachetools import TTLCache
 from keystoneauth1 import discover
 from keystoneauth1 import session as ks_session
 from openstack import utils as sdk_utils
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_exponential_jitter,
-)
 
 from osas.cloud.errors import (
     CloudConfigurationError,
@@ -65,10 +59,12 @@ from osas.cloud.errors import (
     CreateNotSent,
     CredentialsRefused,
     QuotaExceeded,
+    RateLimited,
     RequestRejected,
 )
 from osas.cloud.metrics import CloudMetrics
 from osas.cloud.openstack_settings import MIN_COMPUTE_MICROVERSION, OpenStackSettings
+from osas.cloud.pacing import Pacer
 from osas.cloud.port import CreateServerRequest, Reference, ServerListing
 from osas.cloud.threads import DaemonThreads
 from osas.domain.servers import Fault, Flavor, ServerRecord, is_quota_message
@@ -84,13 +80,34 @@ _HTTP_UNAUTHORIZED = 401
 _HTTP_FORBIDDEN = 403
 _HTTP_TOO_LARGE = 413
 _HTTP_TOO_MANY_REQUESTS = 429  # a rate limit in front of Nova: the request was not processed
+_HTTP_UNAVAILABLE = 503  # with Retry-After: the same
 _CLOSE_TIMEOUT = 5.0
+# How long an idempotent call keeps being sent again while the cloud's rate limit refuses it.
+_RATE_LIMITED_PATIENCE = 60.0
 
 
 def _scrub(text: str, secrets: tuple[str, ...]) -> str:
     for secret in secrets:
         text = text.replace(secret, "***")
     return text
+
+
+def _retry_after(response: object) -> float | None:
+    """Seconds a ``Retry-After`` header asks for (delay-seconds or an HTTP date), or None."""
+    headers = getattr(response, "headers", None)
+    value = headers.get("Retry-After") if isinstance(headers, Mapping) else None
+    if not isinstance(value, str) or not value.strip():
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
 def _translate_http(exc: sdk_exceptions.HttpException, secrets: tuple[str, ...]) -> CloudError:
@@ -100,7 +117,13 @@ def _translate_http(exc: sdk_exceptions.HttpException, secrets: tuple[str, ...])
     text = f"{message} {details}".lower()
     if status in {_HTTP_FORBIDDEN, _HTTP_TOO_LARGE} and is_quota_message(text):
         return QuotaExceeded(details)
-    if status is not None and (status >= _HTTP_SERVER_ERROR or status == _HTTP_TOO_MANY_REQUESTS):
+    retry_after = _retry_after(exc.response)
+    if status == _HTTP_TOO_MANY_REQUESTS or (
+        status == _HTTP_UNAVAILABLE and retry_after is not None
+    ):
+        # The rate limit in front of the API: the request never reached Nova.
+        return RateLimited(f"HTTP {status}: {details}", retry_after)
+    if status is not None and status >= _HTTP_SERVER_ERROR:
         return CloudUnavailable(f"HTTP {status}: {details}")
     if status == _HTTP_UNAUTHORIZED:
         return CredentialsRefused(f"OpenStack refused the credentials: {message}")
@@ -191,11 +214,9 @@ def _create_failure(exc: Exception, secrets: tuple[str, ...]) -> CloudError:
     anything else may have happened after Nova stored the server)."""
     error = _translate(exc, secrets)
     if not isinstance(error, CloudUnavailable) or isinstance(error, CreateNotSent | CreateInDoubt):
-        return error
+        return error  # a rate limit's refusal (RateLimited) is a CreateNotSent
     message = _scrub(str(exc) or type(exc).__name__, secrets)
-    if _never_sent(exc) or (
-        isinstance(exc, sdk_exceptions.HttpException) and exc.status_code == _HTTP_TOO_MANY_REQUESTS
-    ):
+    if _never_sent(exc):
         return CreateNotSent(message)
     return CreateInDoubt(message)
 
@@ -203,6 +224,8 @@ def _create_failure(exc: Exception, secrets: tuple[str, ...]) -> CloudError:
 def _before_create(error: CloudUnavailable) -> CreateNotSent:
     """A transient failure before a create's POST (name look-ups, token, endpoint): the create
     itself was never sent."""
+    if isinstance(error, RateLimited):
+        return RateLimited(f"before sending the create: {error}", error.retry_after)
     return CreateNotSent(f"before sending the create: {error}")
 
 
@@ -426,7 +449,7 @@ class OpenStackCloud:
         self._shared_lock = threading.Lock()
         self._threads = DaemonThreads(settings.concurrency, "osas-openstack")
         self._create_threads = DaemonThreads(settings.concurrency, "osas-openstack-create")
-        self._rate = AsyncLimiter(settings.rate_limit, 1.0)
+        self._pacer = Pacer(settings.rate_limit)
         self._resolved: TTLCache[tuple[str, str], str | None] = TTLCache(
             maxsize=1024, ttl=settings.resolve_ttl
         )
@@ -598,18 +621,26 @@ class OpenStackCloud:
 
         if not rated:
             return await (threads or self._threads).run(run)
-        async with self._rate:
-            if self._metrics is None:
-                return await (threads or self._threads).run(run)
-            name = operation_name or _operation_name(operation)
-            begun = time.perf_counter()
-            try:
-                result = await (threads or self._threads).run(run)
-            except CloudError as exc:
-                self._metrics.observe(_service_of(name), name, exc, time.perf_counter() - begun)
-                raise
-            self._metrics.observe(_service_of(name), name, None, time.perf_counter() - begun)
-            return result
+        await self._pacer.wait_turn()
+        name = operation_name or _operation_name(operation)
+        begun = time.perf_counter()
+        try:
+            result = await (threads or self._threads).run(run)
+        except RateLimited as exc:
+            self._pacer.refused(exc.retry_after)
+            self._observe(name, exc, begun)
+            raise
+        except CloudError as exc:
+            self._observe(name, exc, begun)
+            raise
+        self._pacer.answered()
+        self._observe(name, None, begun)
+        return result
+
+    def _observe(self, name: str, error: CloudError | None, begun: float) -> None:
+        if self._metrics is not None:
+            self._metrics.observe(_service_of(name), name, error, time.perf_counter() - begun)
+            self._metrics.pace.set(self._pacer.rate)
 
     async def _call(
         self,
@@ -618,20 +649,25 @@ class OpenStackCloud:
         rated: bool = True,
         operation_name: str | None = None,
     ) -> T:
-        """An idempotent call, retried on transient failures."""
+        """An idempotent call, retried on transient failures. A rate limit's refusal is not
+        one of ``attempts``: the call is sent again at the pacer's pace (which honours
+        ``Retry-After``) for up to ``_RATE_LIMITED_PATIENCE`` seconds."""
         settings = self._settings
-        retrying = AsyncRetrying(
-            retry=retry_if_exception_type(CloudUnavailable),
-            wait=wait_exponential_jitter(
-                multiplier=settings.backoff, jitter=settings.backoff, max=settings.backoff_max
-            ),
-            stop=stop_after_attempt(settings.attempts),
-            reraise=True,
-        )
-        async for attempt in retrying:
-            with attempt:
+        failures = 0
+        begun = time.monotonic()
+        while True:
+            try:
                 return await self._once(operation, rated=rated, operation_name=operation_name)
-        raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+            except RateLimited:
+                if time.monotonic() - begun >= _RATE_LIMITED_PATIENCE:
+                    raise
+            except CloudUnavailable:
+                failures += 1
+                if failures >= settings.attempts:
+                    raise
+                # Exponential, with jitter so that threads refused together spread out.
+                delay = min(settings.backoff_max, settings.backoff * 2 ** (failures - 1))
+                await anyio.sleep(delay + random.uniform(0, settings.backoff))  # noqa: S311
 
     # -- the port ---------------------------------------------------------------------------------
 

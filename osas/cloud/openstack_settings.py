@@ -76,9 +76,9 @@ class OpenStackSettings:
     # Concurrent openstacksdk calls, creates and other calls each (threads sharing one
     # connection). 10 creates at once is what Cluster API's OpenStack provider sends by default.
     concurrency: int = 10
-    # Requests to OpenStack per second, all threads together, in bursts of as many. Nova applies
-    # no rate limit of its own (its /limits answers "rate": []); lower this to what a proxy in
-    # front of the cloud allows (a 429 is retried with backoff; a create refused so, resent).
+    # Requests to OpenStack per second, all threads together, spaced evenly. Nova applies no
+    # rate limit of its own (its /limits answers "rate": []); a proxy in front of the cloud may:
+    # its 429s slow osas down on their own (pacing.py), and this set to its allowance avoids them.
     rate_limit: float = 50.0
     # Attempts for idempotent calls (list, get, delete) on 5xx, connection errors, timeouts.
     attempts: int = 4

@@ -99,10 +99,12 @@ class Refused:
 class NotSent:
     """Proof that the create never reached Nova: it may be sent again. ``counts``: it used
     one of ``create_attempts``; a create Nova refused for the token it carried (401: Nova did
-    nothing) was not sent at all, and is sent again with a fresh token."""
+    nothing) was not sent at all, and is sent again with a fresh token. ``paced``: the cloud's
+    rate limit refused it, and the cloud adapter times the next send (no backoff of its own)."""
 
     error: ErrorInfo
     counts: bool = True
+    paced: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -218,6 +218,13 @@ class Workers:
             self._carry_out(orders)
             if not orders.retry:
                 return
+            if self._draining.is_set():
+                self._carry_out(self._ledger.drop_queued([task.request_id], anyio.current_time()))
+                return
+            if isinstance(outcome, NotSent) and outcome.paced:
+                # The cloud's rate limit: the adapter's pacer times the next send, for every
+                # create at once (counted in osas_openstack_requests, not logged per create).
+                continue
             refused_credentials = isinstance(outcome, NotSent) and not outcome.counts
             # Refused credentials are said once, by the reconciler, not once per create.
             log.log(
@@ -225,9 +232,6 @@ class Workers:
                 "create never reached Nova; sending it again",
                 attempt=attempt + 1,
             )
-            if self._draining.is_set():
-                self._carry_out(self._ledger.drop_queued([task.request_id], anyio.current_time()))
-                return
             await self._backoff(attempt)
             attempt += 1
 

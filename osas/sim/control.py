@@ -27,8 +27,8 @@ the servers compactly:
   ``expires_at`` says it is valid, as a revocation seen through keystonemiddleware's cache
   does), ``refuse_credentials`` (true: every password and application credential is refused);
   ``POST /_sim/identity/revoke``: every token issued so far is refused from now on.
-- ``POST /_sim/activate`` (optionally ``{"id": ...}``), ``GET /_sim/calls``,
-  ``POST /_sim/calls/reset``.
+- ``POST /_sim/activate`` (optionally ``{"id": ...}``), ``GET /_sim/calls`` (and the
+  requests the rate limit answered 429, ``throttled``), ``POST /_sim/calls/reset``.
 """
 
 from __future__ import annotations
@@ -68,9 +68,16 @@ def compact(server: FakeServer) -> dict[str, Any]:
 
 
 class Control:
-    def __init__(self, nova: FakeNova, calls: Counter[str], identity: Identity) -> None:
+    def __init__(
+        self,
+        nova: FakeNova,
+        calls: Counter[str],
+        identity: Identity,
+        throttled: Counter[str] | None = None,
+    ) -> None:
         self.nova = nova
         self.calls = calls
+        self.throttled = throttled if throttled is not None else Counter()
         self.identity = identity
 
     def register(self, router: Router) -> None:
@@ -225,11 +232,18 @@ class Control:
 
     def _calls(self, request: Request) -> Response:
         del request
-        return Response.json(200, {"calls": dict(sorted(self.calls.items()))})
+        return Response.json(
+            200,
+            {
+                "calls": dict(sorted(self.calls.items())),
+                "throttled": dict(sorted(self.throttled.items())),
+            },
+        )
 
     def _reset_calls(self, request: Request) -> Response:
         del request
         self.calls.clear()
+        self.throttled.clear()
         return Response.empty(204)
 
 

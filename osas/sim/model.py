@@ -13,7 +13,8 @@ ERROR servers with a 413 fault after the API accepted them (``quota_recheck_seco
 listings that repeat a server (``repeated_pages``) or miss one (``skipped_servers``), "Maximum
 number of ports exceeded" (``ports_exceeded``), and answers lost or connections dropped after
 a create was stored (``lost_create_responses``, ``lost_create_status``,
-``dropped_create_connections``).
+``dropped_create_connections``), and a public cloud's rate limit in front of the API
+(``create_rate``, ``request_rate``: 429 with ``Retry-After``).
 """
 
 from __future__ import annotations
@@ -129,6 +130,11 @@ class Faults:
     skipped_servers: int = 0  # next listing pages leave out their first server (Nova can)
     ports_exceeded: int = 0  # next creates refused with 403 "Maximum number of ports exceeded"
     max_servers: int | None = None  # the project's instance quota
+    # A rate limit in front of the API (as public clouds run one), per second: above it the
+    # request is answered 429 with Retry-After and never reaches Nova. 0 is no limit.
+    create_rate: float = 0.0  # server creates (POST /servers)
+    request_rate: float = 0.0  # every compute request
+    rate_limit_status: int = 429  # 503: a limiter that answers 503 with Retry-After
 
 
 @dataclass(slots=True)

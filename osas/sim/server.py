@@ -18,6 +18,7 @@ import contextlib
 import email.utils
 import ipaddress
 import logging
+import math
 import os
 import random
 import signal
@@ -144,6 +145,8 @@ class SimulatedOpenStack(BackgroundHttp):
         self.nova = nova if nova is not None else FakeNova()
         self.lock = self.nova.lock  # one lock for the model and every registry beside it
         self.calls: Counter[str] = Counter()
+        self.throttled: Counter[str] = Counter()  # requests answered 429, per operation
+        self._buckets = {"create": _TokenBucket(), "request": _TokenBucket()}
         # The latest requests in order (control API excluded), for tests that look at paging.
         self.history: deque[Exchange] = deque(maxlen=HISTORY_SIZE)
         self.host = host
@@ -173,7 +176,7 @@ class SimulatedOpenStack(BackgroundHttp):
         for service in (self.identity, self.compute, self.glance, self.neutron):
             service.register(self._router)
         self._control = Router()
-        Control(self.nova, self.calls, self.identity).register(self._control)
+        Control(self.nova, self.calls, self.identity, self.throttled).register(self._control)
         self._add_defaults()
 
     def _add_defaults(self) -> None:
@@ -359,7 +362,7 @@ class SimulatedOpenStack(BackgroundHttp):
 
     def _answer(self, route: Route, request: Request) -> Response:
         if route.faulty:
-            failure = self._injected_failure()
+            failure = self._rate_limited(route) or self._injected_failure()
             if failure is not None:
                 return failure
         if route.authenticated and self.identity.token(request.header("X-Auth-Token")) is None:
@@ -382,6 +385,28 @@ class SimulatedOpenStack(BackgroundHttp):
                     500, {"computeFault": {"code": 500, "message": "simulator error"}}
                 )
 
+    def _rate_limited(self, route: Route) -> Response | None:
+        """The cloud's rate limit, in front of Nova: a request above it never reaches Nova."""
+        faults = self.nova.faults
+        limits = [("request", faults.request_rate)]
+        if route.operation == "compute.servers.create":
+            limits.append(("create", faults.create_rate))
+        now = time.monotonic()
+        with self.lock:
+            for name, rate in limits:
+                wait = self._buckets[name].take(rate, now)
+                if wait is not None:
+                    self.throttled[route.operation] += 1
+                    # Whole seconds, as rate limiters send it (RFC 9110 delay-seconds).
+                    retry_after = str(max(1, math.ceil(wait)))
+                    status = faults.rate_limit_status
+                    return Response.json(
+                        status,
+                        {"overLimit": {"code": status, "message": "Rate limit exceeded"}},
+                        {"Retry-After": retry_after},
+                    )
+        return None
+
     def _injected_failure(self) -> Response | None:
         faults = self.nova.faults
         if faults.latency > 0:
@@ -395,6 +420,30 @@ class SimulatedOpenStack(BackgroundHttp):
                 "No server is available for this request (injected).",
             )
         return None
+
+
+class _TokenBucket:
+    """``rate`` requests a second, with a burst of one second's worth."""
+
+    def __init__(self) -> None:
+        self._tokens = 0.0
+        self._at: float | None = None
+
+    def take(self, rate: float, now: float) -> float | None:
+        """None when a request may pass (and takes its token); else seconds to wait."""
+        if rate <= 0:
+            self._at = None
+            return None
+        capacity = max(1.0, rate)
+        if self._at is None:
+            self._tokens = capacity
+        else:
+            self._tokens = min(capacity, self._tokens + (now - self._at) * rate)
+        self._at = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return None
+        return (1.0 - self._tokens) / rate
 
 
 def _stable_uuid(kind: str, name: str) -> str:
