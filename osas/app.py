@@ -266,6 +266,9 @@ class App:
     async def reload_once(self, *, force: bool = False) -> str:
         """Read the configuration file; apply it if it changed (or ``force``) and loads.
         "applied", "unchanged" or "rejected" (the configuration in force stays)."""
+        # The files OpenStack's credentials come from (a rotated application credential):
+        # the adapter watches them itself; on SIGHUP they are read at once.
+        credentials = self.cloud.reload_credentials() if force else []
         path = self.config_path
         if path is None:
             return "unchanged"
@@ -293,6 +296,7 @@ class App:
         logger.info(
             "configuration reloaded",
             node_groups=[group.group_id for group in new.node_groups],
+            openstack_credentials=credentials or "unchanged",
             restart_needed=restart_only,
         )
         return "applied"

@@ -9,6 +9,7 @@ same codes."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TextIO
 
@@ -17,6 +18,9 @@ import anyio
 from osas.cloud.errors import CloudError
 from osas.cloud.port import Cloud, Reference
 from osas.config import OsasConfig
+from osas.domain.quota import QuotaBook
+from osas.domain.servers import Flavor
+from osas.domain.specs import NodeGroupSpec
 from osas.engine.userdata import (
     SecretFiles,
     UserDataError,
@@ -77,29 +81,62 @@ async def reach_cloud(cloud: Cloud, wait: float) -> str:
 async def check_cloud(config: OsasConfig, cloud: Cloud, out: TextIO, *, wait: float = 0.0) -> int:
     """Print one row per resource each node group names; 0 when all are found, 1 when some are
     not, 3 when the cloud cannot be used at all."""
+    groups = config.cluster_spec().node_groups
     try:
         described = await reach_cloud(cloud, wait)
         rows: list[tuple[str, Reference]] = []
-        for spec in config.cluster_spec().node_groups:
+        for spec in groups:
             rows += [(spec.group_id, ref) for ref in await cloud.resolve(spec)]
+        headroom = await _headroom_rows(cloud, groups)
     except CloudError as exc:
         out.write(f"cloud: PROBLEM: the cloud cannot be used: {exc}\n")
         return EXIT_CLOUD
     finally:
         await cloud.close()
     out.write(f"cloud: {described}\n\n")
-    header = ("NODE GROUP", "KIND", "NAME", "RESULT")
-    table = [header] + [
+    table = [("NODE GROUP", "KIND", "NAME", "RESULT")] + [
         (group, ref.kind, ref.name, f"ok ({ref.resource_id})" if ref.found else "NOT FOUND")
         for group, ref in rows
     ]
-    widths = [max(len(row[column]) for row in table) for column in range(len(header))]
-    for row in table:
-        out.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
-        out.write("\n")
+    _write_table(table, out)
+    out.write("\n")
+    if isinstance(headroom, str):
+        out.write(f"quota: cannot be read ({headroom}); max sizes are not bounded by it\n")
+    else:
+        out.write("quota: what the project can still hold, as CA will be told\n")
+        _write_table([("NODE GROUP", "MAX SIZE", "HEADROOM", "LIMITED BY"), *headroom], out)
     missing = [ref for _, ref in rows if not ref.found]
     out.write(f"\n{len(missing)} problem(s)\n" if missing else "\nall resources found\n")
     return EXIT_FAILED if missing else EXIT_OK
+
+
+async def _headroom_rows(
+    cloud: Cloud, groups: tuple[NodeGroupSpec, ...]
+) -> list[tuple[str, ...]] | str:
+    """Each group's headroom in the project's quota now, or why the quota cannot be read."""
+    server_groups = sorted({spec.server_group for spec in groups if spec.server_group})
+    try:
+        quota = await cloud.get_quota(server_groups)
+    except CloudError as exc:
+        return str(exc)
+    flavors: dict[str, Flavor | None] = {}
+    for spec in groups:
+        flavors[spec.group_id] = await cloud.get_flavor(spec.flavor)
+    book = QuotaBook()
+    book.read(quota, {})
+    rows: list[tuple[str, ...]] = []
+    for spec in groups:
+        room = book.headroom(spec, groups, flavors)
+        count = "no limit" if room.count is None else str(room.count)
+        rows.append((spec.group_id, str(spec.max_size), count, room.limiting() or "-"))
+    return rows
+
+
+def _write_table(table: Sequence[tuple[str, ...]], out: TextIO) -> None:
+    widths = [max(len(row[column]) for row in table) for column in range(len(table[0]))]
+    for row in table:
+        out.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+        out.write("\n")
 
 
 def check_user_data(config: OsasConfig, out: TextIO) -> int:

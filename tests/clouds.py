@@ -47,6 +47,9 @@ class ScenarioCloud(Protocol):
     def set_instance_quota(self, instances: int | None) -> None:
         """The project's instance quota; None: as it was."""
 
+    def set_ram_quota(self, ram_mib: int | None) -> None:
+        """The project's RAM quota (MiB); None: as it was."""
+
     @contextmanager
     def no_valid_host(self) -> Iterator[str]:
         """A flavor whose creates end in ERROR "No valid host was found"."""
@@ -127,6 +130,9 @@ class SimCloud:
     def set_instance_quota(self, instances: int | None) -> None:
         self.sim.nova.quota.instances = instances
 
+    def set_ram_quota(self, ram_mib: int | None) -> None:
+        self.sim.nova.quota.ram = ram_mib
+
     @contextmanager
     def no_valid_host(self) -> Iterator[str]:
         self.sim.nova.faults.no_valid_host = 1000
@@ -171,6 +177,10 @@ class NovaCloud:
 
     def set_instance_quota(self, instances: int | None) -> None:
         self.nova.set_quota(instances=self._default_instances if instances is None else instances)
+
+    def set_ram_quota(self, ram_mib: int | None) -> None:
+        default = realnova.DEFAULT_QUOTAS["ram"]
+        self.nova.set_quota(ram=default if ram_mib is None else ram_mib)
 
     @contextmanager
     def no_valid_host(self) -> Iterator[str]:

@@ -6,7 +6,7 @@ adapter does Nova's."""
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -20,6 +20,7 @@ from osas.cloud.errors import (
     RequestRejected,
 )
 from osas.cloud.port import CreateServerRequest, Reference, ServerListing
+from osas.domain.quota import Allowance, ProjectQuota
 from osas.domain.servers import Flavor, ServerRecord, is_quota_message
 from osas.domain.specs import NodeGroupSpec
 from osas.sim.model import FakeNova, NovaRefusal
@@ -109,6 +110,27 @@ class FakeCloud:
         await self._call()
         flavor = self.nova.find_flavor(name_or_id)
         return None if flavor is None else replace(flavor)
+
+    async def get_quota(self, server_groups: Sequence[str]) -> ProjectQuota:
+        await self._call()
+        nova = self.nova
+        with nova.lock:
+            usage, quota = nova.usage(), nova.quota
+            members = {}
+            for name in server_groups:
+                group = nova.find_server_group(name)
+                if group is not None:
+                    used = len(nova.server_group_members(group))
+                    members[name] = Allowance(quota.server_group_members, used)
+            return ProjectQuota(
+                instances=Allowance(nova.instance_limit(), usage["instances"]),
+                cores=Allowance(quota.cores, usage["cores"]),
+                ram_mib=Allowance(quota.ram, usage["ram"]),
+                server_group_members=members,
+            )
+
+    def reload_credentials(self) -> list[str]:
+        return []  # no files: the fake takes no credentials
 
     async def resolve(self, spec: NodeGroupSpec) -> list[Reference]:
         """Only flavors are modelled here; every other name is taken as found."""

@@ -46,6 +46,7 @@ from osas.domain.ledger import (
 from osas.domain.limits import MAX_NODE_ID_LENGTH
 from osas.domain.options import AutoscalingOptions, group_options
 from osas.domain.pricing import effective_requests, node_price, parse_quantity, pod_price
+from osas.domain.quota import Allowance, ProjectQuota
 from osas.domain.servers import (
     META_CLUSTER,
     META_GROUP,
@@ -59,7 +60,7 @@ from osas.domain.servers import (
     ServerRecord,
     classify_fault,
 )
-from osas.domain.sizing import plan_decrease, plan_delete, plan_increase
+from osas.domain.sizing import IncreasePlan, plan_decrease, plan_delete, plan_increase
 from osas.domain.specs import (
     BootVolume,
     ClusterSpec,
@@ -957,7 +958,7 @@ def test_plan_increase():
     inv = inventory(spec, server(), server(status="ERROR"))
     queued(inv)
     failed(inv)
-    assert plan_increase(spec, inv, "workers", 1, NOW) == 1
+    assert plan_increase(spec, inv, "workers", 1, NOW) == IncreasePlan(1)
     assert inv.target_size("workers") == 4  # planning changes nothing
     with pytest.raises(PreconditionFailed):
         plan_increase(spec, inv, "workers", 2, NOW)
@@ -973,7 +974,7 @@ def test_plan_increase_delta_must_be_positive(delta):
 def test_plan_increase_up_to_max_exactly():
     spec = cluster(node_group("workers", max_size=3))
     inv = inventory(spec, server(), server(task_state="deleting"))
-    assert plan_increase(spec, inv, "workers", 2, NOW) == 2
+    assert plan_increase(spec, inv, "workers", 2, NOW) == IncreasePlan(2)
     with pytest.raises(PreconditionFailed):
         plan_increase(spec, inv, "workers", 3, NOW)
 
@@ -2167,7 +2168,7 @@ def test_held_headroom_refuses_scale_ups_and_reports_the_target_as_max():
     # Over: everything as configured again.
     assert inv.ledger.headroom_held(NOW + 30) is None
     assert inv.ledger.reported_max("workers", 10, 1, NOW + 30) == 10
-    assert plan_increase(spec, inv, "workers", 7, NOW + 30) == 7
+    assert plan_increase(spec, inv, "workers", 7, NOW + 30) == IncreasePlan(7)
 
 
 def test_holding_headroom_moves_every_groups_generation():
@@ -2248,3 +2249,121 @@ def test_a_standby_adopts_the_writers_servers_silently_and_reports_strays_once_i
     inv.ledger.set_writer(True)
     late = changes(inv, [server(request_id=rid())])
     assert late.count(EventKind.STRAY_ADOPTED) == 1
+
+
+# -- the project's quota --------------------------------------------------------------------------
+
+LARGE = Flavor("f-large", "m1.large", vcpus=4, ram_mib=8192, disk_gib=80)
+SMALL = Flavor("f-small", "m1.small", vcpus=1, ram_mib=2048, disk_gib=20)
+
+
+def quota(instances=None, cores=None, ram=None, used=(0, 0, 0), members=None) -> ProjectQuota:
+    return ProjectQuota(
+        Allowance(instances, used[0]),
+        Allowance(cores, used[1]),
+        Allowance(ram, used[2]),
+        members or {},
+    )
+
+
+def two_groups(**big) -> tuple[ClusterSpec, Inventory]:
+    spec = cluster(node_group("big", max_size=10, **big), node_group("small", max_size=20))
+    inv = inventory(spec)
+    inv.snapshot.set_flavor("big", LARGE)
+    inv.snapshot.set_flavor("small", SMALL)
+    return spec, inv
+
+
+def test_headroom_is_what_each_resource_holds_of_the_groups_flavor():
+    spec, inv = two_groups()
+    inv.quota.read(quota(instances=12, cores=40, ram=3 * 8192 + 4096, used=(2, 2, 4096)), {})
+    big, small = inv.headroom("big"), inv.headroom("small")
+    assert big.by_resource == {"instances": 10, "cores": 9, "ram_mib": 3}
+    assert (big.count, big.limiting()) == (3, "ram_mib")
+    assert (small.count, small.limiting()) == (10, "instances")
+    # CA is told the target plus the headroom, never more than max_size.
+    assert inv.reported_max(spec.group("big"), NOW) == 3
+    assert inv.reported_max(spec.group("small"), NOW) == 10
+
+
+def test_a_quota_shared_by_two_groups_is_never_promised_twice():
+    spec, inv = two_groups()
+    inv.quota.read(quota(instances=10, ram=4 * 8192), {})
+    assert inv.headroom("small").count == 10
+    plan = plan_increase(spec, inv, "big", 3, NOW)
+    assert plan == IncreasePlan(3)
+    inv.ledger.accept_creates("big", plan.creates, NOW)
+    inv.quota.spend("big", plan.creates)
+    # Spent by big at once: 8 GiB left for small, 4 of its servers; and 1 more of big.
+    assert inv.headroom("small").count == 4
+    assert inv.reported_max(spec.group("small"), NOW) == 4
+    assert inv.reported_max(spec.group("big"), NOW) == 3 + 1
+
+
+def test_increase_beyond_the_headroom_fails_the_rest_at_once_as_out_of_resources():
+    spec, inv = two_groups()
+    inv.quota.read(quota(ram=3 * 8192 + 4096), {})
+    plan = plan_increase(spec, inv, "big", 5, NOW)
+    assert (plan.creates, plan.refused) == (3, 2)
+    assert plan.error is not None
+    assert (plan.error.code, plan.error.error_class) == (
+        "QuotaExceeded",
+        ErrorClass.OUT_OF_RESOURCES,
+    )
+    assert "ram_mib" in plan.error.message
+    inv.ledger.accept_creates("big", plan.creates, NOW)
+    orders = inv.ledger.refuse_creates("big", plan.refused, plan.error, NOW)
+    assert [e.kind for e in orders.events] == [EventKind.CREATE_FAILED] * 2
+    errors = [i.error for i in inv.instances("big") if i.error is not None]
+    assert errors == [plan.error, plan.error]
+    assert inv.target_size("big") == 5  # until CA deletes the failed ones, as for Nova's refusals
+    assert inv.ledger.creates_in_hand() == {"big": 3}
+
+
+def test_server_group_members_bound_a_group_that_names_one():
+    _spec, inv = two_groups(server_group="anti")
+    inv.quota.read(quota(members={"anti": Allowance(10, 8)}), {"big": 1})
+    room = inv.headroom("big")
+    assert (room.count, room.limiting()) == (1, "server_group_members")
+    assert inv.headroom("small").count is None  # no limit applies to it
+
+
+def test_an_unread_or_unlimited_quota_bounds_nothing():
+    spec, inv = two_groups()
+    assert inv.headroom("big").count is None
+    assert inv.reported_max(spec.group("big"), NOW) == 10
+    inv.quota.read(quota(), {})
+    assert inv.reported_max(spec.group("big"), NOW) == 10
+    inv.quota.read(quota(instances=0, used=(0, 0, 0)), {})
+    assert inv.reported_max(spec.group("big"), NOW) == 0
+    inv.quota.forget()  # a read that failed: Nova's own refusals decide again
+    assert inv.reported_max(spec.group("big"), NOW) == 10
+
+
+def test_a_read_starts_again_from_novas_count_and_the_creates_in_hand():
+    _spec, inv = two_groups()
+    inv.quota.read(quota(instances=5), {})
+    inv.quota.spend("big", 4)
+    assert inv.headroom("big").count == 1
+    # Nova counts 4 servers now; 1 create of osas's is still queued.
+    inv.quota.read(quota(instances=5, used=(4, 0, 0)), {"big": 1})
+    assert inv.headroom("big").count == 0
+    inv.quota.refused()
+    assert inv.quota.stale
+
+
+def test_what_novas_usage_may_not_count_yet_is_taken_off_at_a_read():
+    """Real Nova counts an instance in /limits only once it is scheduled (in a cell): creates
+    in hand and servers still scheduling are taken off the headroom at a read."""
+    spec = cluster(node_group("big", max_size=10))
+    inv = inventory(
+        spec,
+        server("big", "BUILD", task_state="scheduling"),
+        server("big", "BUILD", task_state="spawning"),
+        server("big"),
+    )
+    queued(inv, "big")
+    failed(inv, "big")
+    assert inv.not_counted_by_nova() == {"big": 2}
+    inv.quota.read(quota(instances=10, used=(3, 0, 0)), inv.not_counted_by_nova())
+    assert inv.headroom("big").count == 5

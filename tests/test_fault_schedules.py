@@ -10,8 +10,10 @@ and while operators and the world act on it: configuration reloads (max_size dow
 group removed and added back, its flavor changed, a file that does not load), Keystone revoking
 every token, a server deleted by hand (gone from CA's view after one incremental sync), a
 server's ownership mark removed by hand, servers of an earlier life sharing a request id seeded
-before a restart, a second osas process started against the same cluster and stopped. osas
-runs under a leader Lease (the test suite's Kubernetes API stand-in), as in Kubernetes.
+before a restart, a second osas process started against the same cluster and stopped, the
+project's instance quota changed, the application credential rotated (the clouds.yaml osas
+reads replaced, the old credential deleted). osas runs under a leader Lease (the test suite's
+Kubernetes API stand-in), as in Kubernetes, and reads its credentials from a clouds.yaml.
 Whenever the faults stop and CA's loop has converged, these must hold:
 
 - no kept duplicate: at most one live server per create request osas sent, and no create made
@@ -41,6 +43,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import yaml
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -49,7 +52,6 @@ from support import (
     TAG,
     Provider,
     ServedOsas,
-    cloud_for,
     config_data,
     kept,
     ours,
@@ -57,6 +59,8 @@ from support import (
 )
 
 from osas.cloud.errors import CloudError
+from osas.cloud.openstack import OpenStackCloud
+from osas.cloud.openstack_settings import OpenStackSettings
 from osas.config import load_config
 from osas.demo.client import CaClient, connect
 from osas.domain.servers import (
@@ -69,6 +73,7 @@ from osas.domain.servers import (
 from osas.sim import SimulatedOpenStack
 from osas.sim.kubernetes import KubeStandIn
 from osas.sim.model import FakeNova, NovaRefusal
+from osas.sim.server import APP_CREDENTIAL_ID, APP_CREDENTIAL_SECRET, CLOUD_NAME
 
 MAX_SIZE = 5
 API_TIMEOUT = 0.4
@@ -123,6 +128,7 @@ class FaultSchedule(RuleBasedStateMachine):
                 "retry_backoff": "0.01s",
                 "delete_retry_after": "0.5s",
                 "create_doubt_window": f"{DOUBT_WINDOW}s",
+                "quota_interval": "0.5s",
             },
             # The auth block is for a second osas process started against the same cloud.
             openstack={
@@ -144,6 +150,11 @@ class FaultSchedule(RuleBasedStateMachine):
         )
         self.path = write_config(self.tmp, self.data)
         self.config = load_config(self.path)
+        self.clouds = self.tmp / "clouds.yaml"
+        self.credential = APP_CREDENTIAL_ID
+        self._write_clouds_yaml(APP_CREDENTIAL_ID, APP_CREDENTIAL_SECRET)
+        self._clouds_env = os.environ.get("OS_CLIENT_CONFIG_FILE")
+        os.environ["OS_CLIENT_CONFIG_FILE"] = str(self.clouds)
         self.foreign = self._seed_foreign()
         self.want = 0  # what CA wants the group to hold
         self.max_size = MAX_SIZE  # the group's max_size in force
@@ -176,9 +187,12 @@ class FaultSchedule(RuleBasedStateMachine):
 
     async def _start(self) -> None:
         self.config = load_config(self.path)
-        self.provider = Provider(
-            self.config, cloud_for(self.sim, api_timeout=API_TIMEOUT), config_path=self.path
+        # Credentials from a clouds.yaml, as the chart mounts them from a Secret (rotated by
+        # ``credential_rotated``).
+        settings = OpenStackSettings(
+            cloud=CLOUD_NAME, api_timeout=API_TIMEOUT, rate_limit=1000.0, backoff=0.05
         )
+        self.provider = Provider(self.config, OpenStackCloud(settings), config_path=self.path)
         await self.provider.start(wait_serving=False)
         await self.provider.wait_serving(timeout=30)
         self._ca_context = connect(self.provider.address, None)
@@ -455,6 +469,34 @@ class FaultSchedule(RuleBasedStateMachine):
 
         self.loop.run(freshness())
 
+    @rule(room=st.integers(0, 3))
+    def project_quota_changes(self, room: int) -> None:
+        """An operator sets the project's instance quota to ``room`` more than Nova counts:
+        osas reads it within a sync or two, tells CA the max the project holds, and fails
+        what cannot fit at once, without a POST."""
+        self.sim.nova.quota.instances = len(self.sim.nova.live_servers()) + room
+
+    def _write_clouds_yaml(self, credential_id: str, secret: str) -> None:
+        entry = self.sim.clouds_yaml_entry(application_credential=True)
+        entry["auth"].update(
+            application_credential_id=credential_id, application_credential_secret=secret
+        )
+        staging = self.clouds.with_name(".clouds.yaml.new")
+        staging.write_text(yaml.safe_dump({"clouds": {CLOUD_NAME: entry}}))
+        staging.replace(self.clouds)  # as the kubelet updates a Secret's volume
+
+    @rule()
+    def credential_rotated(self) -> None:
+        """The application credential rotated: a new one made, the clouds.yaml osas reads
+        replaced, the old one deleted (its tokens with it). osas carries on, no restart."""
+        identity = self.sim.identity
+        old = identity.application_credentials[self.credential]
+        new_id = f"rotated-{len(identity.application_credentials)}-{os.urandom(4).hex()}"
+        identity.add_application_credential(new_id, f"secret-{new_id}", old.user)
+        self._write_clouds_yaml(new_id, f"secret-{new_id}")
+        identity.delete_application_credential(self.credential)
+        self.credential = new_id
+
     @rule(offset=st.sampled_from(CLOCK_JUMPS))
     def novas_clock_jumps(self, offset: float) -> None:
         """Nova's clock set back or forward (a host corrected by NTP, a failover to a host
@@ -618,6 +660,10 @@ class FaultSchedule(RuleBasedStateMachine):
             self.loop.close()
             self.sim.stop()
             self.kube.stop()
+            if self._clouds_env is None:
+                os.environ.pop("OS_CLIENT_CONFIG_FILE", None)
+            else:
+                os.environ["OS_CLIENT_CONFIG_FILE"] = self._clouds_env
 
 
 TestFaultSchedules = FaultSchedule.TestCase

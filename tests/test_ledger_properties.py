@@ -40,6 +40,7 @@ from osas.domain.ledger import (
     Orders,
     Refused,
 )
+from osas.domain.quota import Allowance, ProjectQuota
 from osas.domain.servers import ErrorClass, ErrorInfo, Server
 from osas.domain.sizing import plan_decrease, plan_delete, plan_increase
 from osas.domain.specs import ClusterSpec, NodeGroupSpec
@@ -91,6 +92,9 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def _boot(self) -> None:
         self.inventory = Inventory(cluster(self.max_size), SETTINGS)
+        # Creates the last quota read left room for: none read yet in this process.
+        self.quota_room: int | None = None
+        self.accepted_since_read = 0
         self.ledger = self.inventory.ledger
         self.queued = []
         self.deletes = []
@@ -157,11 +161,27 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def _increase(self, delta: int) -> bool:
         try:
-            count = plan_increase(self.ledger.cluster, self.inventory, "workers", delta, self.now)
+            plan = plan_increase(self.ledger.cluster, self.inventory, "workers", delta, self.now)
         except OsasError:
             return False
-        self.queued.extend(self.ledger.accept_creates("workers", count, self.now))
+        self.queued.extend(self.ledger.accept_creates("workers", plan.creates, self.now))
+        self.inventory.quota.spend("workers", plan.creates)
+        self.accepted_since_read += plan.creates
+        if plan.error is not None:
+            # Failed at once, never queued: CA removes them as it does Nova's refusals.
+            self._follow(self.ledger.refuse_creates("workers", plan.refused, plan.error, self.now))
         return True
+
+    @rule(room=st.integers(0, 4))
+    def project_quota_read(self, room: int) -> None:
+        """The project's quota, read: room for ``room`` more servers than Nova counts (the
+        operator changed it, or other servers of the project came and went)."""
+        used = len(self._live())
+        unsent = self.ledger.creates_in_hand()
+        quota = ProjectQuota(Allowance(used + room, used), Allowance(None), Allowance(None))
+        self.inventory.quota.read(quota, unsent)
+        self.quota_room = max(0, room - unsent.get("workers", 0))
+        self.accepted_since_read = 0
 
     @rule()
     def ask_again(self) -> None:
@@ -356,6 +376,13 @@ class LedgerMachine(RuleBasedStateMachine):
     @invariant()
     def target_never_passes_max_size(self) -> None:
         assert self.ledger.target_size("workers") <= self.bound
+
+    @invariant()
+    def creates_never_promised_beyond_the_quota(self) -> None:
+        """Since the last read of the quota, IncreaseSize has queued no more creates than
+        it had room for (what it had in hand at the read taken off)."""
+        if self.quota_room is not None:
+            assert self.accepted_since_read <= self.quota_room
 
     @invariant()
     def instances_and_target_agree(self) -> None:

@@ -73,6 +73,7 @@ def clean(cloud: ScenarioCloud) -> Iterator[ScenarioCloud]:
         yield cloud
     finally:
         cloud.set_instance_quota(None)
+        cloud.set_ram_quota(None)
         delete_everything(connect(cloud))
 
 
@@ -81,10 +82,12 @@ def scenario_config(
     tmp_path: Path,
     *,
     reconcile: Mapping[str, str] | None = None,
+    more_groups: tuple[Mapping[str, Any], ...] = (),
     **group: Any,
 ) -> OsasConfig:
     """osas's configuration for one scenario: a cluster name of its own, one group
-    ``workers`` (``group`` overrides its keys), quick syncs (``reconcile`` overrides those)."""
+    ``workers`` (``group`` overrides its keys; ``more_groups`` override them for more groups),
+    quick syncs (``reconcile`` overrides those)."""
     cluster = f"scn{next(_names)}-{uuid.uuid4().hex[:6]}"
     spec = {
         "id": "workers",
@@ -98,7 +101,7 @@ def scenario_config(
     data = config_data(
         cluster_name=cluster,
         openstack={"cloud": cloud.cloud_name, "api_timeout": "10s"},
-        node_groups=[spec],
+        node_groups=[spec, *({**spec, **more} for more in more_groups)],
         queue={"capacity": 50, "workers": 3},
         reconcile={
             "interval": "0.3s",
@@ -254,9 +257,14 @@ async def test_look_alike_servers_are_never_touched(clean, tmp_path):
         assert server["tags"] == tags
 
 
-async def test_quota_refusal_is_reported_and_cleaned_up(clean, tmp_path):
+@pytest.mark.parametrize(
+    "quota_interval", ["60s", "0s"], ids=["osas-reads-the-quota", "nova-refuses"]
+)
+async def test_quota_refusal_is_reported_and_cleaned_up(clean, tmp_path, quota_interval):
+    """No room at all: osas, having read the quota, fails the create at once without a
+    POST; or, not reading it, Nova refuses it (403, its own words). CA sees the same."""
     cloud = clean
-    config = scenario_config(cloud, tmp_path)
+    config = scenario_config(cloud, tmp_path, reconcile={"quota_interval": quota_interval})
     cloud.set_instance_quota(0)
     async with osas_on(cloud, config) as (provider, ca):
         await ca.increase("workers", 1)
@@ -272,12 +280,63 @@ async def test_quota_refusal_is_reported_and_cleaned_up(clean, tmp_path):
     assert ours(cloud, config) == []
 
 
+async def test_ca_sees_the_quota_headroom_and_no_create_is_sent_beyond_it(clean, tmp_path):
+    """Issue 21, problem 2: the quota was discovered by failing. Two groups; the project's
+    quota holds 3 more of the big flavor and 10 of the small one. CA sees that as the big
+    group's max size; asked for 5 anyway (a CA that planned before it saw), osas sends 3 and
+    fails 2 at once as out of resources, without a POST; the small group scales in the same
+    loop, within what is left. Nova refuses nothing."""
+    cloud = clean
+    small = {"id": "small", "min_size": 0, "max_size": 20, "flavor": "m1.small"}
+    config = scenario_config(
+        cloud,
+        tmp_path,
+        reconcile={"quota_interval": "0.5s"},
+        more_groups=(small,),
+        id="big",
+        max_size=10,
+        flavor="m1.large",  # 4 vCPUs, 8 GiB; m1.small: 1 vCPU, 2 GiB
+    )
+    absolute = connect(cloud).compute.get("/limits").json()["limits"]["absolute"]
+    cloud.set_instance_quota(absolute["totalInstancesUsed"] + 10)
+    cloud.set_ram_quota(absolute["totalRAMUsed"] + 3 * 8192 + 4096)
+    async with osas_on(cloud, config) as (provider, ca):
+
+        async def max_sizes() -> dict[str, int]:
+            await ca.refresh()
+            return {g.id: g.maxSize for g in await ca.node_groups()}
+
+        await until(lambda: max_sizes_are(max_sizes(), {"big": 3, "small": 10}), 30, "the headroom")
+        await ca.increase("big", 5)
+        failed = error_codes(await ca.nodes("big"))
+        assert failed == ["QuotaExceeded", "QuotaExceeded"]
+        assert {i.status.errorInfo.instanceErrorClass for i in await ca.nodes("big")} <= {
+            0,
+            OUT_OF_RESOURCES,
+        }
+        # The same loop: what is left is the small group's (3 big took 24 of 28 GiB).
+        assert (await max_sizes())["small"] == 2
+        await ca.increase("small", 2)
+        await until(lambda: len(ours(cloud, config)) == 5, 60, "five servers")
+        await ca_cleans_up(ca, "big")
+        made = Counter((s.get("metadata") or {}).get(META_GROUP) for s in ours(cloud, config))
+        assert made == {"big": 3, "small": 2}
+        assert all(s["status"] != "ERROR" for s in ours(cloud, config))
+        refused = provider.app.inventory.ledger.failures_of("small")
+        assert not refused
+
+
+async def max_sizes_are(sizes, expected: dict[str, int]) -> bool:
+    return await sizes == expected
+
+
 async def test_quota_race_errors_are_reported_and_cleaned_up(clean, tmp_path):
     """Room for one, three creates at once: Nova refuses some at once (403) and may turn others
     into ERROR servers after its quota re-check (413 fault). Every failure is out of
     resources, at most one server runs, and CA's clean-up leaves nothing behind."""
     cloud = clean
-    config = scenario_config(cloud, tmp_path)
+    # osas reads no quota here: it would send one create only, and Nova's race is the point.
+    config = scenario_config(cloud, tmp_path, reconcile={"quota_interval": "0s"})
     cloud.set_instance_quota(1)
     if cloud.kind == "sim":
         cloud.sim.nova.faults.quota_recheck_seconds = 0.5  # type: ignore[attr-defined]
@@ -549,6 +608,17 @@ async def test_tokens_expiring_every_few_seconds_fail_nothing(clean, tmp_path):
     assert seen == []
 
 
+def check_config(folder: Path) -> subprocess.CompletedProcess[str]:
+    """`osas check-config` on the scenario configuration written in ``folder``."""
+    return subprocess.run(
+        [sys.executable, "-m", "osas", "check-config", "--config", str(folder / "osas.yaml")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+
+
 def test_check_config(clean, tmp_path):
     """`osas check-config` resolves every name a group uses in the cloud."""
     cloud = clean
@@ -559,12 +629,19 @@ def test_check_config(clean, tmp_path):
         folder = tmp_path / name
         folder.mkdir()
         scenario_config(cloud, folder, flavor=flavor)
-        result = subprocess.run(
-            [sys.executable, "-m", "osas", "check-config", "--config", str(folder / "osas.yaml")],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=120,
-        )
+        result = check_config(folder)
         assert result.returncode == code, result.stdout + result.stderr
         assert expected in result.stdout
+
+
+def test_check_config_prints_each_groups_quota_headroom(clean, tmp_path):
+    """`osas check-config` says how many more servers of each group the project can hold,
+    and which resource bounds it, from the cloud's own /limits."""
+    cloud = clean
+    used = connect(cloud).compute.get("/limits").json()["limits"]["absolute"]["totalInstancesUsed"]
+    cloud.set_instance_quota(used + 4)
+    scenario_config(cloud, tmp_path)
+    result = check_config(tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line.split() for line in result.stdout.splitlines()]
+    assert ["workers", "6", "4", "instances"] in rows, result.stdout

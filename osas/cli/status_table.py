@@ -60,6 +60,21 @@ def _writer_lines(status: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _quota_line(groups: list[dict[str, Any]]) -> str:
+    """How many more servers of each group the project's quota holds, and what bounds it."""
+    parts = []
+    for group in groups:
+        room = group.get("quota_headroom")
+        if room is None or room.get("servers") is None:
+            continue
+        bounded = {k: v for k, v in room.items() if k != "servers" and v is not None}
+        limit = min(bounded, key=lambda key: bounded[key]) if bounded else "?"
+        parts.append(f"{group['id']} {room['servers']} more ({limit})")
+    if not parts:
+        return "quota headroom: not read, or no limit (MAX is max_size)"
+    return "quota headroom: " + ", ".join(parts) + " (MAX is bounded by it)"
+
+
 def render_status(status: dict[str, Any]) -> str:
     """``/status`` as one screen of text."""
     ready = "ready" if status["ready"] else f"NOT READY: {status['not_ready_reason']}"
@@ -99,6 +114,7 @@ def render_status(status: dict[str, Any]) -> str:
             f"  {group['id']}: {f['count']} x {f['code']} (class {f['class']}): {f['message']}"
             for f in group["failures"]
         ]
+    lines.append(_quota_line(status["groups"]))
     lines.append("")
     lines.append("failures CA sees:" if failures else "failures CA sees: none")
     lines += failures

@@ -25,14 +25,16 @@ import email.utils
 import functools
 import json
 import logging
+import math
 import random
 import re
 import threading
 import time
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
@@ -67,6 +69,7 @@ from osas.cloud.openstack_settings import MIN_COMPUTE_MICROVERSION, OpenStackSet
 from osas.cloud.pacing import Pacer
 from osas.cloud.port import CreateServerRequest, Reference, ServerListing
 from osas.cloud.threads import DaemonThreads
+from osas.domain.quota import Allowance, ProjectQuota
 from osas.domain.servers import Fault, Flavor, ServerRecord, is_quota_message
 from osas.domain.specs import NodeGroupSpec
 
@@ -84,6 +87,8 @@ _HTTP_UNAVAILABLE = 503  # with Retry-After: the same
 _CLOSE_TIMEOUT = 5.0
 # How long an idempotent call keeps being sent again while the cloud's rate limit refuses it.
 _RATE_LIMITED_PATIENCE = 60.0
+# How often the files the credentials come from are looked at (a stat each).
+_CREDENTIALS_CHECK_INTERVAL = 1.0
 
 
 def _scrub(text: str, secrets: tuple[str, ...]) -> str:
@@ -418,6 +423,32 @@ _SERVICE_OF_OPERATION = {
 }
 
 
+def _quota_limit(value: object) -> int | None:
+    """A limit of Nova's ``/limits``: -1 (or absent) is unlimited."""
+    if value is None:
+        return None
+    limit = int(str(value))
+    return None if limit < 0 else limit
+
+
+def _allowance(absolute: Mapping[str, Any], limit: str, used: str) -> Allowance:
+    return Allowance(_quota_limit(absolute.get(limit)), int(absolute.get(used) or 0))
+
+
+def _file_states(names: Sequence[str]) -> tuple[tuple[int, int, int] | None, ...]:
+    """Inode, modification time and size of each file (read through symlinks); None for one
+    that cannot be read."""
+    states: list[tuple[int, int, int] | None] = []
+    for name in names:
+        try:
+            found = Path(name).stat()
+        except OSError:
+            states.append(None)
+        else:
+            states.append((found.st_ino, found.st_mtime_ns, found.st_size))
+    return tuple(states)
+
+
 def _service_of(operation_name: str) -> str:
     return _SERVICE_OF_OPERATION.get(operation_name, "compute")
 
@@ -460,6 +491,10 @@ class OpenStackCloud:
         self._auth_epoch = 0
         self._renewed_at = -_KEYSTONE_RESOLUTION
         self._invalidate_token: Callable[[], bool] | None = None
+        # clouds.yaml and secure.yaml as openstacksdk found them, and their state when read.
+        self._credential_files: tuple[str, ...] = ()
+        self._credential_states: tuple[tuple[int, int, int] | None, ...] = ()
+        self._credentials_checked_at = -math.inf
 
     # -- plumbing ---------------------------------------------------------------------------------
 
@@ -497,6 +532,10 @@ class OpenStackCloud:
             )
         except sdk_exceptions.ConfigException as exc:
             raise CloudConfigurationError(f"{exc}: fix {self._source}") from None
+        # The files the credentials come from, watched for changes (``_connection``).
+        self._credential_files = tuple(
+            name for name in (loader.config_filename, loader.secure_config_filename) if name
+        )
         try:
             region = loader.get_one(cloud=settings.cloud, **options)
         except sdk_exceptions.ConfigException as exc:
@@ -532,15 +571,64 @@ class OpenStackCloud:
                 f"fix {self._source}"
             ) from exc
 
+    def _credentials_changed(self, *, now: bool = False) -> list[str]:
+        """The files the credentials come from (clouds.yaml, secure.yaml) that changed since
+        the connection was made: looked at (one stat each) at most once a second, or ``now``.
+        A Secret's volume is updated in place by the kubelet (a new file behind a symlink),
+        so the inode, size or time of the file read through the path changes."""
+        moment = time.monotonic()
+        if not now and moment - self._credentials_checked_at < _CREDENTIALS_CHECK_INTERVAL:
+            return []
+        self._credentials_checked_at = moment
+        states = _file_states(self._credential_files)
+        return [
+            name
+            for name, before, after in zip(
+                self._credential_files, self._credential_states, states, strict=True
+            )
+            if before != after
+        ]
+
+    def _drop_connection_if_credentials_changed(self, *, now: bool = False) -> list[str]:
+        """A new connection (one new authentication, shared by every thread) once the files
+        the credentials come from changed; the files that did."""
+        with self._shared_lock:
+            if self._shared is None:
+                return []
+            changed = self._credentials_changed(now=now)
+            if changed:
+                # Calls in flight finish on the old connection; the next ones use the new.
+                self._shared = None
+                self._invalidate_token = None
+                logger.info(
+                    "OpenStack credentials changed; authenticating with them", files=changed
+                )
+        return changed
+
+    def _credentials_renewed(self) -> bool:
+        """After a refusal: whether the files the credentials come from changed (and so the
+        connection was made again)."""
+        return bool(self._credential_files) and bool(
+            self._drop_connection_if_credentials_changed(now=True)
+        )
+
+    def reload_credentials(self) -> list[str]:
+        return self._drop_connection_if_credentials_changed(now=True)
+
     @contextmanager
     def _connection(self) -> Iterator[openstack.connection.Connection]:
-        """The connection every thread shares (see the module's docstring), made on first use."""
+        """The connection every thread shares (see the module's docstring), made on first use,
+        and again when the files its credentials come from change."""
+        due = time.monotonic() - self._credentials_checked_at >= _CREDENTIALS_CHECK_INTERVAL
+        if self._credential_files and due:
+            self._drop_connection_if_credentials_changed()
         conn = self._shared
         if conn is None:
             with self._shared_lock:
                 conn = self._shared
                 if conn is None:
                     conn = self._new_connection()
+                    self._credential_states = _file_states(self._credential_files)
                     # requests keeps 10 connections per host; every thread may hold one.
                     adapter = ks_session.TCPKeepAliveAdapter(
                         pool_maxsize=2 * self._settings.concurrency + 2
@@ -614,6 +702,14 @@ class OpenStackCloud:
 
         def run() -> T:
             try:
+                try:
+                    with self._connection() as conn:
+                        return self._authenticated(conn, operation)
+                except Exception as exc:
+                    # Refused even with a fresh token: a rotated credential whose file changed
+                    # since is tried at once (a 401 did nothing, so even a create may be).
+                    if not _unauthorized(exc) or not self._credentials_renewed():
+                        raise
                 with self._connection() as conn:
                     return self._authenticated(conn, operation)
             except Exception as exc:
@@ -790,6 +886,39 @@ class OpenStackCloud:
             return None if flavor is None else _flavor(flavor)
 
         return await self._call(get)
+
+    async def get_quota(self, server_groups: Sequence[str]) -> ProjectQuota:
+        microversion = await self._call(self._compute_microversion, rated=False)
+
+        def get_json(path: str) -> Any:
+            def get(conn: openstack.connection.Connection) -> Any:
+                response = conn.compute.get(path, microversion=microversion, raise_exc=False)
+                sdk_exceptions.raise_from_response(response)
+                return response.json()
+
+            return get
+
+        limits = get_json("/limits")
+        body = await self._call(limits, operation_name="get_limits")
+        try:
+            absolute = body["limits"]["absolute"]
+            members_limit = _quota_limit(absolute.get("maxServerGroupMembers"))
+            members: dict[str, Allowance] = {}
+            for name in server_groups:
+                group_id = await self._resolve_id("server group", name)
+                if group_id is None:
+                    continue  # check-config says so; the create fails with the reason
+                group = get_json(f"/os-server-groups/{group_id}")
+                answer = await self._call(group, operation_name="get_server_group")
+                members[name] = Allowance(members_limit, len(answer["server_group"]["members"]))
+            return ProjectQuota(
+                instances=_allowance(absolute, "maxTotalInstances", "totalInstancesUsed"),
+                cores=_allowance(absolute, "maxTotalCores", "totalCoresUsed"),
+                ram_mib=_allowance(absolute, "maxTotalRAMSize", "totalRAMUsed"),
+                server_group_members=members,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RequestRejected(f"Nova's limits are unreadable: {exc!r}") from exc
 
     async def _resolve_id(self, kind: str, name_or_id: str) -> str | None:
         """A name's id, looked up once for all callers: a hundred creates asking at once for

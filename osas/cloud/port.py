@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
+from osas.domain.quota import ProjectQuota
 from osas.domain.servers import Flavor, ServerRecord
 from osas.domain.specs import BootVolume, NodeGroupSpec
 
@@ -94,8 +95,17 @@ class Cloud(Protocol):
 
     async def get_flavor(self, name_or_id: str) -> Flavor | None: ...
 
+    async def get_quota(self, server_groups: Sequence[str]) -> ProjectQuota:
+        """The project's compute limits and usage (Nova's ``/limits``), and the members of
+        each of ``server_groups`` (names or ids; one that does not exist is left out)."""
+
     async def resolve(self, spec: NodeGroupSpec) -> list[Reference]:
         """Every cloud resource ``spec`` names, looked up (for ``osas check-config``)."""
+        ...
+
+    def reload_credentials(self) -> list[str]:
+        """Read the files the credentials come from again, at once: those that changed (the
+        next call authenticates with them). The adapter also does this by itself."""
         ...
 
     async def verify(self) -> str:

@@ -186,6 +186,9 @@ class ReconcileConfig(_Strict):
     # Nova's API for up to create_doubt_window: scale-ups wait that long. Only where no other
     # osas can ever have sent creates for this cluster (a test's fresh cloud) is false safe.
     hold_after_start: bool = default_of(ReconcileSettings, "hold_after_start")
+    # The project's quota is read this often (and after every quota refusal): each group's max
+    # size as CA sees it is what the quota can still hold. 0 turns the reads off.
+    quota_interval: Duration = default_duration(ReconcileSettings, "quota_interval")
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:

@@ -13,9 +13,10 @@ from enum import IntEnum
 
 from osas.domain.ids import ProviderIdFormat, parse_placeholder_id, placeholder_id
 from osas.domain.ledger import CreateState, Ledger, LedgerSettings
+from osas.domain.quota import GroupHeadroom, QuotaBook
 from osas.domain.servers import ErrorInfo, Flavor, Server, classify_fault
 from osas.domain.snapshot import Snapshot
-from osas.domain.specs import ClusterSpec
+from osas.domain.specs import ClusterSpec, NodeGroupSpec
 
 
 class InstanceState(IntEnum):
@@ -40,6 +41,7 @@ class Inventory:
         self._ids: ProviderIdFormat = cluster.provider_ids  # restart-only: never reloaded
         self.snapshot = Snapshot()
         self.ledger = Ledger(cluster, self.snapshot, settings)
+        self.quota = QuotaBook()
 
     # -- sync state -------------------------------------------------------------------------------
 
@@ -75,6 +77,36 @@ class Inventory:
 
     def target_size(self, group_id: str) -> int:
         return self.ledger.target_size(group_id)
+
+    def headroom(self, group_id: str) -> GroupHeadroom:
+        """How many more servers of the group the project's quota can hold now."""
+        cluster = self.cluster
+        spec = cluster.group(group_id)
+        if spec is None:
+            return GroupHeadroom(None, {})
+        flavors = {g.group_id: self.snapshot.flavor(g.group_id) for g in cluster.node_groups}
+        return self.quota.headroom(spec, cluster.node_groups, flavors)
+
+    def not_counted_by_nova(self) -> dict[str, int]:
+        """Per group, servers Nova's usage may not count yet: creates in hand, and servers
+        still being scheduled (real Nova counts an instance only once it is in a cell, after
+        scheduling; a server group lists it at once). Counting some twice errs on the safe
+        side until the next read of the quota."""
+        counts = self.ledger.creates_in_hand()
+        for server in self.snapshot.servers():
+            if server.status == "BUILD" and server.task_state == "scheduling":
+                counts[server.group_id] = counts.get(server.group_id, 0) + 1
+        return counts
+
+    def reported_max(self, spec: NodeGroupSpec, now: float) -> int:
+        """The max size CA is told: the configured one; while scale-ups are held, the target
+        (``Ledger.reported_max``); and never more than the project's quota can hold
+        (``QuotaBook``), so that CA plans no scale-up that would fail."""
+        reported = self.ledger.reported_max(spec.group_id, spec.max_size, spec.min_size, now)
+        room = self.headroom(spec.group_id).count
+        if room is None:
+            return reported
+        return min(reported, max(spec.min_size, self.target_size(spec.group_id) + room))
 
     def instances(self, group_id: str) -> list[Instance]:
         """What NodeGroupNodes reports: one Instance per server and per create in hand."""

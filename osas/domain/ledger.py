@@ -448,6 +448,30 @@ class Ledger:
             self._changed(group_id)
         return request_ids
 
+    def refuse_creates(self, group_id: str, count: int, error: ErrorInfo, now: float) -> Orders:
+        """IncreaseSize's part that cannot be created (the project's quota has no room for
+        it): ``count`` creates failed at once with ``error``, never sent. CA sees them failed
+        and backs the group off, as for a refusal of Nova's, without the POSTs."""
+        orders = _Draft()
+        group = self._creates_by_group.setdefault(group_id, {})
+        for _ in range(count):
+            create = Create(uuid.uuid4().hex, group_id, now)
+            self._creates[create.request_id] = create
+            group[create.request_id] = create
+            self._fail(create, error, orders)
+        if count:
+            self._changed(group_id)
+        return orders.done()
+
+    def creates_in_hand(self) -> dict[str, int]:
+        """Per group, creates in hand that have not failed: queued, being sent, in doubt, or
+        answered and not listed yet (Nova may not count any of them in its usage yet)."""
+        counts: dict[str, int] = {}
+        for create in self._creates.values():
+            if create.state is not CreateState.FAILED:
+                counts[create.group_id] = counts.get(create.group_id, 0) + 1
+        return counts
+
     def accept_delete(self, plan: DeletePlan, now: float) -> Orders:
         orders = _Draft()
         for server_id in plan.servers:

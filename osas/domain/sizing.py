@@ -8,6 +8,7 @@ so a refused request changes nothing.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from osas.domain.errors import (
     InvalidRequest,
@@ -25,7 +26,7 @@ from osas.domain.ids import (
 from osas.domain.inventory import Inventory
 from osas.domain.ledger import Create, CreateState, DecreasePlan, DeletePlan
 from osas.domain.limits import check_group_id
-from osas.domain.servers import Server
+from osas.domain.servers import ErrorClass, ErrorInfo, Server
 from osas.domain.specs import ClusterSpec, NodeGroupSpec
 
 
@@ -37,10 +38,23 @@ def require_group(cluster: ClusterSpec, group_id: str) -> NodeGroupSpec:
     return spec
 
 
+@dataclass(frozen=True, slots=True)
+class IncreasePlan:
+    """IncreaseSize(delta): ``creates`` to queue, and ``refused`` failed at once with
+    ``error`` (the project's quota has no room for them)."""
+
+    creates: int
+    refused: int = 0
+    error: ErrorInfo | None = None
+
+
 def plan_increase(
     cluster: ClusterSpec, inventory: Inventory, group_id: str, delta: int, now: float
-) -> int:
-    """How many creates to queue for IncreaseSize(delta)."""
+) -> IncreasePlan:
+    """What IncreaseSize(delta) does: the part the project's quota can hold is queued, the
+    rest fails at once, as out of resources, without a POST (CA backs the group off and its
+    expander turns to another group; the max size osas reports already says as much, so
+    this happens only when CA asked before it saw it, or two groups shared the room)."""
     spec = require_group(cluster, group_id)
     if delta <= 0:
         raise InvalidRequest(f"size increase must be positive, got {delta}")
@@ -57,7 +71,18 @@ def plan_increase(
             f"size increase too large: target {target} + {delta} exceeds max size "
             f"{spec.max_size} of node group {group_id!r}"
         )
-    return delta
+    headroom = inventory.headroom(group_id)
+    if headroom.count is None or headroom.count >= delta:
+        return IncreasePlan(delta)
+    fits = headroom.count
+    limiting = headroom.limiting()
+    error = ErrorInfo(
+        "QuotaExceeded",
+        f"the project's quota holds {fits} more server(s) of node group {group_id!r} "
+        f"({limiting} is the limit): {delta - fits} of the {delta} asked were not sent",
+        ErrorClass.OUT_OF_RESOURCES,
+    )
+    return IncreasePlan(fits, delta - fits, error)
 
 
 def plan_decrease(

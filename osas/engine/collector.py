@@ -128,10 +128,31 @@ class EngineCollector(Collector):
             "to show their server, or the doubt window to pass.",
             ["group"],
         )
+        reported = _gauge(
+            "osas_node_group_reported_max_size",
+            "The max size CA is told: max_size, bounded by what the project's quota can hold "
+            "(target + headroom), and the target while scale-ups are held after a start.",
+            ["group"],
+        )
+        headroom = _gauge(
+            "osas_quota_headroom",
+            "More servers of each node group the project's quota can hold, per resource "
+            "(instances, cores, ram_mib, server_group_members) and in all (servers); absent "
+            "while the quota is unread or unlimited.",
+            ["group", "resource"],
+        )
+        now = self._clock()
         for spec in inventory.cluster.node_groups:
             group = spec.group_id
             minimum.add_metric([group], spec.min_size)
             maximum.add_metric([group], spec.max_size)
+            reported.add_metric([group], inventory.reported_max(spec, now))
+            room = inventory.headroom(group)
+            if room.count is not None:
+                headroom.add_metric([group, "servers"], room.count)
+            for resource, count in room.by_resource.items():
+                if count is not None:
+                    headroom.add_metric([group, resource], count)
             if inventory.synced:
                 target.add_metric([group], inventory.target_size(group))
             states = census.servers(group)
@@ -141,7 +162,7 @@ class EngineCollector(Collector):
             for state in CREATE_STATES:
                 creates.add_metric([group, state], in_hand[state])
             in_doubt.add_metric([group], in_hand["in_doubt"])
-        yield from (minimum, maximum, target, servers, creates, in_doubt)
+        yield from (minimum, maximum, reported, headroom, target, servers, creates, in_doubt)
 
     def _work(self) -> Iterator[Metric]:
         queue = self._queue

@@ -119,12 +119,10 @@ class Controller:
         return self.cluster.node_groups
 
     def reported_max(self, spec: NodeGroupSpec) -> int:
-        """The max size CA is told for a group: its configured one, but while scale-ups are
-        held (creates of an earlier osas may still reach Nova) its target, so that CA plans
-        none; NodeGroups and NodeGroupForNode say the same."""
-        ledger = self.inventory.ledger
-        now = anyio.current_time()
-        return ledger.reported_max(spec.group_id, spec.max_size, spec.min_size, now)
+        """The max size CA is told for a group (``Inventory.reported_max``: configured,
+        held after a start, bounded by the project's quota); NodeGroups and NodeGroupForNode
+        say the same."""
+        return self.inventory.reported_max(spec, anyio.current_time())
 
     def node_group_for_node(self, node: NodeInfo) -> NodeGroupSpec | None:
         self.check_ready()
@@ -248,11 +246,15 @@ class NodeGroupView:
         controller, group_id = self._controller, self.spec.group_id
         inventory = controller.inventory
         now = anyio.current_time()
-        count = plan_increase(controller.cluster, inventory, group_id, delta, now)
-        controller.queue.ensure_room(count)
-        request_ids = inventory.ledger.accept_creates(group_id, count, now)
+        plan = plan_increase(controller.cluster, inventory, group_id, delta, now)
+        controller.queue.ensure_room(plan.creates)
+        request_ids = inventory.ledger.accept_creates(group_id, plan.creates, now)
+        inventory.quota.spend(group_id, plan.creates)
         controller.queue.put_all([CreateTask(request_id, group_id) for request_id in request_ids])
-        controller.count_creates(group_id, count)
+        controller.count_creates(group_id, plan.creates)
+        if plan.error is not None:
+            refused = inventory.ledger.refuse_creates(group_id, plan.refused, plan.error, now)
+            controller.carry_out(refused)
         bind_contextvars(delta=delta, target=inventory.target_size(group_id))
 
     async def delete_nodes(self, nodes: list[NodeInfo], time_left: float | None = None) -> None:

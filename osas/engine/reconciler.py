@@ -126,6 +126,8 @@ class Reconciler:
         self._flavors_wanted: set[str] = set()
         self._offset_warned = False
         self._went_back = False  # the last listing was dated before the one before it
+        self._quota_read_at: float | None = None
+        self._quota_error: str | None = None  # why the last quota read failed
         self.status = SyncStatus()
         # Servers a person should look at; reviewed after every sync, never acted on.
         self.problems = ProblemWatch(
@@ -163,7 +165,39 @@ class Reconciler:
             # hidden from every incremental listing. One complete listing sees them all.
             self.status.clock_jumps += 1
             orders = await self._sync(full=True)
+        if self._quota_due(self._clock()):
+            await self.read_quota_once()
         return orders
+
+    def _quota_due(self, now: float) -> bool:
+        interval = self._settings.reconcile.quota_interval
+        if interval <= 0:
+            return False
+        read_at = self._quota_read_at
+        return read_at is None or now - read_at >= interval or self._inventory.quota.stale
+
+    async def read_quota_once(self) -> None:
+        """The project's quota read again, with what osas has in hand now. A failure is
+        logged (once while it lasts) and leaves no headroom known: Nova's own refusals decide
+        until a read works again."""
+        self._quota_read_at = self._clock()
+        cluster = self._inventory.cluster
+        server_groups = sorted({s.server_group for s in cluster.node_groups if s.server_group})
+        try:
+            quota = await self._cloud.get_quota(server_groups)
+        except CloudError as exc:
+            self._inventory.quota.forget()
+            if self._quota_error != str(exc):
+                self._quota_error = str(exc)
+                logger.warning(
+                    "the project's quota cannot be read; max sizes are not bounded by it",
+                    error=str(exc),
+                )
+            return
+        if self._quota_error is not None:
+            logger.info("the project's quota is read again")
+            self._quota_error = None
+        self._inventory.quota.read(quota, self._inventory.not_counted_by_nova())
 
     async def _sync(self, *, full: bool) -> Orders:
         now = self._clock()

@@ -35,6 +35,9 @@ class ReconcileSettings:
     # After a start or a takeover, scale-ups wait create_doubt_window for creates an earlier
     # osas may still have in Nova's API (they could take a group beyond max_size).
     hold_after_start: bool = True
+    # The project's quota (Nova's /limits) is read this often, and after every quota refusal,
+    # so that CA is told no max size the project cannot hold. 0: never read.
+    quota_interval: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)

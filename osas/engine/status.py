@@ -140,6 +140,15 @@ class StatusSources:
     leadership: Callable[[], dict[str, object]]  # the leader election's own status
 
 
+def _headroom(inventory: Inventory, group_id: str) -> dict[str, Any] | None:
+    """More servers of the group the project's quota can hold (None: not read, or no
+    limit), in all and per resource."""
+    if inventory.quota.quota is None:
+        return None
+    headroom = inventory.headroom(group_id)
+    return {"servers": headroom.count, **headroom.by_resource}
+
+
 def build_status(sources: StatusSources) -> dict[str, Any]:
     """The ``/status`` document."""
     inventory, census, queue = sources.inventory, sources.census, sources.queue
@@ -155,9 +164,8 @@ def build_status(sources: StatusSources) -> dict[str, Any]:
                 "id": group_id,
                 "min_size": spec.min_size,
                 "max_size": spec.max_size,
-                "reported_max_size": inventory.ledger.reported_max(
-                    group_id, spec.max_size, spec.min_size, sources.clock()
-                ),
+                "reported_max_size": inventory.reported_max(spec, sources.clock()),
+                "quota_headroom": _headroom(inventory, group_id),
                 "target_size": inventory.target_size(group_id) if inventory.synced else None,
                 "servers": census.servers(group_id),
                 "creates": census.creates(group_id),

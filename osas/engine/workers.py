@@ -8,7 +8,7 @@ from collections.abc import Callable
 import anyio
 import structlog
 
-from osas.cloud.errors import CloudError, CloudUnavailable, create_outcome
+from osas.cloud.errors import CloudError, CloudUnavailable, QuotaExceeded, create_outcome
 from osas.cloud.port import Cloud, CreateServerRequest
 from osas.domain.ids import server_name
 from osas.domain.inventory import Inventory
@@ -205,7 +205,7 @@ class Workers:
             if not self._may_write():
                 # The leader lease is lost (or its renewal overdue): this process stops; the
                 # new leader's CA asks again. Never sent, so nothing of it can reach Nova.
-                log.warning("not the leader any more: create dropped unsent")
+                log.warning("not the leader any more: create dropped unsent", count=1)
                 now = anyio.current_time()
                 self._carry_out(self._ledger.drop_queued([task.request_id], now))
                 return
@@ -219,7 +219,12 @@ class Workers:
             if not orders.retry:
                 return
             if self._draining.is_set():
+                # Between two sends at shutdown: dropped like the queued ones, and said so.
                 self._carry_out(self._ledger.drop_queued([task.request_id], anyio.current_time()))
+                log.warning(
+                    "create dropped at shutdown, never sent; the Cluster Autoscaler asks again",
+                    count=1,
+                )
                 return
             if isinstance(outcome, NotSent) and outcome.paced:
                 # The cloud's rate limit: the adapter's pacer times the next send, for every
@@ -255,6 +260,9 @@ class Workers:
         answer that proves the request never left allows sending it again."""
         try:
             record = await self._cloud.create_server(request)
+        except QuotaExceeded as exc:
+            self._inventory.quota.refused()  # the quota read was wrong: read it again
+            return create_outcome(exc)
         except CloudError as exc:
             return create_outcome(exc)
         server = self._marks.claim(record)

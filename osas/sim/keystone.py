@@ -133,6 +133,20 @@ class Identity:
         self.application_credentials[credential_id] = credential
         return credential
 
+    def delete_application_credential(self, credential_id: str) -> int:
+        """Deleted, as `openstack application credential delete` does: it authenticates no
+        more, and every token issued from it is refused from now on. How many tokens."""
+        self.application_credentials.pop(credential_id, None)
+        revoked = [
+            token_id
+            for token_id, token in self._tokens.items()
+            if token.application_credential is not None
+            and token.application_credential.credential_id == credential_id
+        ]
+        for token_id in revoked:
+            del self._tokens[token_id]
+        return len(revoked)
+
     def token(self, token_id: str | None) -> Token | None:
         """The live token behind an ``X-Auth-Token``, or None (then the API answers 401)."""
         token = self._tokens.get(token_id or "")

@@ -427,3 +427,60 @@ async def test_osas_adapter_quota_refusal(nova, sdk_env):
         await cloud.delete_server(first.server_id)
     finally:
         await cloud.close()
+
+
+async def test_osas_adapter_reads_the_projects_quota(nova, sdk_env):
+    """Real Nova's /limits at the negotiated microversion: limits and usage of instances,
+    cores and RAM, and the server group member quota with the group's members."""
+    from osas.cloud.openstack import OpenStackCloud  # noqa: PLC0415
+    from osas.cloud.openstack_settings import OpenStackSettings  # noqa: PLC0415
+    from osas.cloud.port import CreateServerRequest  # noqa: PLC0415
+    from osas.domain.quota import Allowance  # noqa: PLC0415
+
+    project = nova.add_project("osaslimits")
+    nova.set_quota(project["project_id"], instances=5, cores=6, ram=8192, server_group_members=3)
+    conn = openstack.connect(cloud=project["cloud"])
+    group = conn.compute.create_server_group(name="osas-grp", policy="soft-anti-affinity")
+    cloud = OpenStackCloud(OpenStackSettings(cloud=project["cloud"], attempts=2, backoff=0.1))
+    try:
+        assert await cloud.get_quota(["osas-grp"]) == limits_of((0, 0, 0), 0)
+        request = CreateServerRequest(
+            name="osas-limits-1",
+            flavor="m1.small",
+            image=IMAGE_NAME,
+            networks=[NETWORK_NAME],
+            metadata={},
+            tags=[unique_tag()],
+            server_group="osas-grp",
+        )
+        server = await cloud.create_server(request)
+
+        # The group lists its member at once; /limits counts the server only once it is
+        # scheduled (Nova counts instances in its cell databases, not build requests).
+        first = await cloud.get_quota(["osas-grp", "no-such-group"])
+        assert first.server_group_members == {"osas-grp": Allowance(3, 1)}
+        assert first.instances.used in {0, 1}
+
+        async def counted() -> Any:
+            quota = await cloud.get_quota(["osas-grp"])
+            return quota if quota.instances.used == 1 else None
+
+        quota = await wait_async(counted, "the server counted in /limits")
+        assert quota == limits_of((1, 1, 2048), 1)
+        assert quota.server_group_members == {"osas-grp": Allowance(3, 1)}
+        await cloud.delete_server(server.server_id)
+    finally:
+        conn.compute.delete_server_group(group)
+        await cloud.close()
+
+
+def limits_of(used: tuple[int, int, int], members: int) -> Any:
+    """The quota the test sets (5 instances, 6 cores, 8 GiB, 3 members), with what is used."""
+    from osas.domain.quota import Allowance, ProjectQuota  # noqa: PLC0415
+
+    return ProjectQuota(
+        Allowance(5, used[0]),
+        Allowance(6, used[1]),
+        Allowance(8192, used[2]),
+        {"osas-grp": Allowance(3, members)},
+    )

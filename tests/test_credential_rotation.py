@@ -1,0 +1,141 @@
+"""Credentials rotate live (issue 21, problem 3).
+
+osas reads its credentials from a clouds.yaml (``OS_CLIENT_CONFIG_FILE``), as the chart mounts
+it from a Secret. An operator rotates the application credential: a new one is made, the file
+is replaced (the kubelet swaps the Secret's files in place), the old one deleted, which revokes
+every token issued from it. osas picks the new file up without a restart, with one
+authentication shared by every thread; SIGHUP says what it reloaded; a create dropped at
+shutdown is a warning with its group and count.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import anyio
+import structlog
+import yaml
+from support import Provider, big_config, ca_client, ours, write_config
+
+from osas.cloud.openstack import OpenStackCloud
+from osas.cloud.openstack_settings import OpenStackSettings
+from osas.config import load_config
+from osas.sim import SimulatedOpenStack
+from osas.sim.model import FakeNova
+from osas.sim.server import APP_CREDENTIAL_ID, CLOUD_NAME
+
+TOKENS = "identity.tokens.create"
+NEW_ID, NEW_SECRET = "app-cred-rotated", "rotated-secret"
+
+
+def write_clouds_yaml(path: Path, entry: dict) -> None:
+    """Replaced whole, as the kubelet updates a Secret's volume: a new file in its place."""
+    staging = path.with_name(f".{path.name}.new")
+    staging.write_text(yaml.safe_dump({"clouds": {CLOUD_NAME: entry}}))
+    staging.replace(path)
+
+
+def rotate(sim: SimulatedOpenStack, clouds: Path) -> None:
+    """A new application credential, the file replaced, the old credential deleted."""
+    identity = sim.identity
+    user = identity.application_credentials[APP_CREDENTIAL_ID].user
+    identity.add_application_credential(NEW_ID, NEW_SECRET, user, name="osas-rotated")
+    entry = sim.clouds_yaml_entry(application_credential=True)
+    entry["auth"].update(application_credential_id=NEW_ID, application_credential_secret=NEW_SECRET)
+    write_clouds_yaml(clouds, entry)
+    identity.delete_application_credential(APP_CREDENTIAL_ID)
+
+
+def start(sim: SimulatedOpenStack, tmp_path: Path, monkeypatch) -> tuple[Provider, Path]:
+    clouds = tmp_path / "clouds.yaml"
+    write_clouds_yaml(clouds, sim.clouds_yaml_entry(application_credential=True))
+    monkeypatch.setenv("OS_CLIENT_CONFIG_FILE", str(clouds))
+    config = big_config(tmp_path)
+    settings = OpenStackSettings(
+        cloud=CLOUD_NAME, api_timeout=2.0, rate_limit=1000.0, backoff=0.05, backoff_max=0.5
+    )
+    provider = Provider(config, OpenStackCloud(settings), config_path=tmp_path / "osas.yaml")
+    return provider, clouds
+
+
+async def until(check, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
+        await anyio.sleep(0.05)
+
+
+async def test_a_rotated_application_credential_is_used_without_a_restart(tmp_path, monkeypatch):
+    """Problem 3: osas kept failing (every call 401, /readyz 503) until it was restarted."""
+    with SimulatedOpenStack(FakeNova(build_seconds=0.05)) as sim:
+        provider, clouds = start(sim, tmp_path, monkeypatch)
+        await provider.start()
+        try:
+            async with ca_client(provider.address) as ca:
+                await ca.increase("big", 1)
+                await until(lambda: len(ours(sim)) == 1, "the first server")
+                since = len(sim.history)
+                rotate(sim, clouds)
+                await ca.increase("big", 2)
+                await until(lambda: len(ours(sim)) == 3, "two servers with the new credential")
+                failed = [i for i in await ca.nodes("big") if i.status.HasField("errorInfo")]
+                assert failed == []
+            assert provider.app.reconciler.status.credentials_refused is None
+            # One new authentication for every thread, with the new credential.
+            issued = [e for e in list(sim.history)[since:] if e.operation == TOKENS]
+            assert [e.status for e in issued if e.status == 201] == [201]
+        finally:
+            await provider.stop()
+
+
+async def test_sighup_reads_the_credentials_at_once_and_says_what_it_reloaded(
+    tmp_path, monkeypatch
+):
+    with SimulatedOpenStack(FakeNova(build_seconds=0.05)) as sim:
+        provider, clouds = start(sim, tmp_path, monkeypatch)
+        await provider.start()
+        try:
+            rotate(sim, clouds)
+            with structlog.testing.capture_logs() as logs:
+                assert await provider.app.reload_once(force=True) == "applied"
+                assert await provider.app.reload_once(force=True) == "applied"
+            reloaded = [e for e in logs if e["event"] == "configuration reloaded"]
+            assert [e["openstack_credentials"] for e in reloaded] == [[str(clouds)], "unchanged"]
+            assert all(e["restart_needed"] == [] for e in reloaded)
+            await provider.sync(full=False)  # authenticates with the new credential
+            assert provider.app.reconciler.status.credentials_refused is None
+        finally:
+            await provider.stop()
+
+
+async def test_a_create_dropped_at_shutdown_is_a_warning_with_its_group_and_count(tmp_path):
+    """Problem 3: a create waiting for credentials that work was dropped at the restart with
+    only a debug line."""
+    with SimulatedOpenStack(FakeNova(build_seconds=0.05)) as sim:
+        config = big_config(tmp_path)
+        data = yaml.safe_load((tmp_path / "osas.yaml").read_text())
+        data["openstack"]["auth"] = sim.clouds_yaml_entry()["auth"]
+        config = load_config(write_config(tmp_path, data))
+        settings = OpenStackSettings(
+            auth=config.openstack.auth, api_timeout=2.0, rate_limit=1000.0, backoff=0.05
+        )
+        provider = Provider(config, OpenStackCloud(settings))
+        await provider.start()
+        async with ca_client(provider.address) as ca:
+            sim.identity.refuse_credentials = True
+            sim.identity.revoke_all()
+            await ca.increase("big", 1)
+            await anyio.sleep(1.0)  # refused, and sent again and again
+        with structlog.testing.capture_logs() as logs:
+            await provider.stop()
+        dropped = [
+            e
+            for e in logs
+            if e["log_level"] == "warning" and "dropped" in e["event"] and e.get("group") == "big"
+        ]
+        assert dropped, [e["event"] for e in logs]
+        assert (
+            sum(e.get("count", 0) for e in dropped) + sum(e.get("dropped", 0) for e in dropped) == 1
+        )
+        assert ours(sim) == []
