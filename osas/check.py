@@ -9,7 +9,7 @@ same codes."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TextIO
 
@@ -103,8 +103,13 @@ async def check_cloud(config: OsasConfig, cloud: Cloud, out: TextIO, *, wait: fl
     if isinstance(headroom, str):
         out.write(f"quota: cannot be read ({headroom}); max sizes are not bounded by it\n")
     else:
+        rows_of_quota, unread = headroom
         out.write("quota: what the project can still hold, as CA will be told\n")
-        _write_table([("NODE GROUP", "MAX SIZE", "HEADROOM", "LIMITED BY"), *headroom], out)
+        _write_table([("NODE GROUP", "MAX SIZE", "HEADROOM", "LIMITED BY"), *rows_of_quota], out)
+        out.writelines(
+            f"quota: {resource} cannot be read ({reason}); it bounds nothing\n"
+            for resource, reason in unread.items()
+        )
     missing = [ref for _, ref in rows if not ref.found]
     out.write(f"\n{len(missing)} problem(s)\n" if missing else "\nall resources found\n")
     return EXIT_FAILED if missing else EXIT_OK
@@ -112,11 +117,13 @@ async def check_cloud(config: OsasConfig, cloud: Cloud, out: TextIO, *, wait: fl
 
 async def _headroom_rows(
     cloud: Cloud, groups: tuple[NodeGroupSpec, ...]
-) -> list[tuple[str, ...]] | str:
-    """Each group's headroom in the project's quota now, or why the quota cannot be read."""
+) -> tuple[list[tuple[str, ...]], Mapping[str, str]] | str:
+    """Each group's headroom in the project's quota now, and what of it could not be read;
+    or why the quota cannot be read at all."""
     server_groups = sorted({spec.server_group for spec in groups if spec.server_group})
+    volumes = any(spec.boot_volume is not None for spec in groups)
     try:
-        quota = await cloud.get_quota(server_groups)
+        quota = await cloud.get_quota(server_groups, volumes=volumes)
     except CloudError as exc:
         return str(exc)
     flavors: dict[str, Flavor | None] = {}
@@ -129,7 +136,7 @@ async def _headroom_rows(
         room = book.headroom(spec, groups, flavors)
         count = "no limit" if room.count is None else str(room.count)
         rows.append((spec.group_id, str(spec.max_size), count, room.limiting() or "-"))
-    return rows
+    return rows, quota.unread
 
 
 def _write_table(table: Sequence[tuple[str, ...]], out: TextIO) -> None:

@@ -516,6 +516,22 @@ def test_claim_ignores_name_that_looks_like_ours():
         ),
         ("Quota exceeded for instances", "QuotaExceeded"),
         ("Maximum number of ports exceeded; exceeded maximum number of ports", "QuotaExceeded"),
+        (
+            (
+                "Build of instance 1b2c aborted: VolumeLimitExceeded: Maximum number of volumes "
+                "allowed (10) exceeded for quota 'volumes'."
+            ),
+            "QuotaExceeded",
+        ),
+        (
+            (
+                "Build of instance 1b2c aborted: VolumeSizeExceedsAvailableQuota: Requested volume "
+                "or snapshot exceeds allowed gigabytes quota. Requested 20G, quota is 50G and 40G "
+                "has been consumed."
+            ),
+            "QuotaExceeded",
+        ),
+        ("The number of defined ports: 2 is over the limit: 1", "QuotaExceeded"),
     ],
 )
 def test_classify_fault_out_of_resources(message, code):
@@ -2367,3 +2383,29 @@ def test_what_novas_usage_may_not_count_yet_is_taken_off_at_a_read():
     assert inv.not_counted_by_nova() == {"big": 2}
     inv.quota.read(quota(instances=10, used=(3, 0, 0)), inv.not_counted_by_nova())
     assert inv.headroom("big").count == 5
+
+
+def test_ports_and_boot_volumes_bound_the_groups_that_take_them():
+    """Nova makes one port per network (Neutron's quota), and a boot-from-volume group takes
+    a volume of its size (Cinder's): each bounds only the groups that take it."""
+    spec = cluster(
+        node_group("disk", max_size=20, boot_volume=BootVolume(50)),
+        NodeGroupSpec("twonet", 0, 20, "m1.small", "img", ("a", "b")),
+    )
+    inv = inventory(spec)
+    quota_read = ProjectQuota(
+        Allowance(None),
+        Allowance(None),
+        Allowance(None),
+        ports=Allowance(10, 3),
+        volumes=Allowance(10, 0),
+        volume_gib=Allowance(120, 0),
+    )
+    inv.quota.read(quota_read, {})
+    disk, twonet = inv.headroom("disk"), inv.headroom("twonet")
+    assert disk.by_resource == {"ports": 7, "volumes": 10, "volume_gib": 2}
+    assert (disk.count, disk.limiting()) == (2, "volume_gib")
+    assert (twonet.count, twonet.limiting()) == (3, "ports")  # 7 ports, 2 a server
+    inv.quota.spend("disk", 2)  # 2 ports and 100 GiB gone: 5 ports left for twonet
+    assert inv.headroom("twonet").count == 2
+    assert inv.headroom("disk").count == 0

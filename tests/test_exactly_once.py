@@ -246,7 +246,18 @@ async def test_nova_quota_recheck_errors_are_out_of_resources_and_cleaned_up(tmp
     with SimulatedOpenStack(FakeNova(build_seconds=0.1)) as sim:
         sim.nova.quota.instances = 1
         sim.nova.faults.quota_recheck_seconds = 0.3
-        config = big_config(tmp_path, queue={"capacity": 10, "workers": 3})
+        # osas reads no quota here: it would send one create only, and Nova's race is the point.
+        reconcile = {
+            "interval": "0.2s",
+            "full_resync_interval": "1s",
+            "max_inventory_age": "1h",
+            "retry_backoff": "0.01s",
+            "delete_retry_after": "0.5s",
+            "create_doubt_window": "3s",
+            "hold_after_start": False,
+            "quota_interval": "0s",
+        }
+        config = big_config(tmp_path, queue={"capacity": 10, "workers": 3}, reconcile=reconcile)
         provider = Provider(config, cloud_for(sim))
         await provider.start()
         try:

@@ -14,10 +14,11 @@ import anyio
 import structlog
 from fake_cloud import FakeCloud
 from prometheus_client import generate_latest
-from support import Provider, big_config, ca_client, cloud_for, ours, running
+from support import BIG, Provider, big_config, ca_client, cloud_for, ours, running
 
 from osas.cli.status_table import render_status
 from osas.cloud.errors import RequestRejected
+from osas.protocol import externalgrpc_pb2 as pb
 from osas.sim import SimulatedOpenStack
 from osas.sim.model import FakeNova
 
@@ -85,8 +86,8 @@ async def test_metrics_and_status_show_each_groups_headroom(tmp_path):
 class _LimitsForbidden(FakeCloud):
     """A cloud whose policy forbids reading /limits (the tests' fake of the port)."""
 
-    async def get_quota(self, server_groups):
-        del server_groups
+    async def get_quota(self, server_groups, *, volumes=False):
+        del server_groups, volumes
         raise RequestRejected("Policy doesn't allow os_compute_api:limits to be performed.", 403)
 
 
@@ -123,3 +124,37 @@ async def _settled(ca) -> bool:
 
 async def _max_is(ca, expected: int) -> bool:
     return await max_size(ca) == expected
+
+
+async def test_neutrons_ports_and_cinders_volumes_bound_the_groups_that_take_them(tmp_path):
+    """Nova makes one port per network of each server, and a boot-from-volume group's server
+    takes a volume of its size: osas reads Neutron's port quota and Cinder's limits over HTTP
+    (unmodified openstacksdk) and bounds each group by them."""
+    with SimulatedOpenStack(FakeNova(build_seconds=0.05)) as sim:
+        sim.nova.quota.ports = 6
+        sim.nova.quota.volumes = 10
+        sim.nova.quota.gigabytes = 100
+        disk = {**BIG, "id": "disk", "boot_volume": {"size": 40}}
+        config = big_config(tmp_path, node_groups=[BIG, disk])
+        provider = Provider(config, cloud_for(sim))
+        await provider.start()
+        try:
+            async with ca_client(provider.address) as ca:
+                assert await max_size(ca, "big") == 6
+                assert await max_size(ca, "disk") == 2  # 100 GiB, 40 a server
+                await ca.increase("disk", 2)
+                await until(lambda: _running(ca, "disk", 2), "two servers on volumes")
+                await provider.sync(full=False)
+                await provider.app.reconciler.read_quota_once()
+                assert await max_size(ca, "disk") == 2  # its target: no room for a third
+                assert await max_size(ca, "big") == 4  # their two ports are gone
+            (big, disk_group) = provider.app.status()["groups"]
+            assert disk_group["quota_headroom"]["volume_gib"] == 0
+            assert big["quota_headroom"]["ports"] == 4
+        finally:
+            await provider.stop()
+
+
+async def _running(ca, group: str, count: int) -> bool:
+    running = pb.InstanceStatus.instanceRunning
+    return sum(i.status.instanceState == running for i in await ca.nodes(group)) == count

@@ -96,20 +96,20 @@ async def test_the_pace_is_never_above_the_rate():
     assert min(gaps) >= 1 / 20 - 0.002
 
 
-def test_a_refusal_holds_every_request_and_halves_the_pace_once_per_second():
+def test_a_refusal_holds_every_request_and_slows_the_pace_once_per_second():
     now = [100.0]
     pacer = Pacer(10.0, clock=lambda: now[0])
     pacer.refused(2.0)
-    assert pacer.rate == 5.0
+    assert pacer.rate == pytest.approx(8.0)
     assert pacer.held_for() == 2.0
     now[0] += 0.5
     pacer.refused(1.0)  # a refusal of the same burst: one signal
-    assert pacer.rate == 5.0
+    assert pacer.rate == pytest.approx(8.0)
     assert pacer.held_for() == 1.5  # the longer wait stands
     now[0] += 2.0
     pacer.refused(None)  # no Retry-After: one interval at the lowered pace
-    assert pacer.rate == 2.5
-    assert pacer.held_for() == pytest.approx(0.4)
+    assert pacer.rate == pytest.approx(6.4)
+    assert pacer.held_for() == pytest.approx(1 / 6.4)
     pacer.refused(3600.0)  # a misconfigured limiter: capped
     assert pacer.held_for() == 60.0
 
@@ -119,13 +119,13 @@ def test_the_pace_rises_again_once_the_refusals_stop():
     pacer = Pacer(10.0, clock=lambda: now[0])
     pacer.refused(None)
     pacer.answered()
-    assert pacer.rate == 5.0  # not before RECOVERY quiet seconds
+    assert pacer.rate == pytest.approx(8.0)  # not before RECOVERY quiet seconds
     rates = []
     for _ in range(30):
         now[0] += 1.0
         pacer.answered()
         rates.append(pacer.rate)
-    assert rates[int(RECOVERY) - 2] == 5.0
+    assert rates[int(RECOVERY) - 2] == pytest.approx(8.0)
     assert rates == sorted(rates)
     assert rates[-1] == 10.0  # up to the configured rate, never above
 

@@ -134,6 +134,8 @@ def test_password_token_and_catalog_discovery(sim, conn):
         ("compute", "/compute/v2.1"),
         ("image", "/image"),
         ("network", "/network"),
+        ("block-storage", f"/volume/v3/{sim.project_id}"),
+        ("volumev3", f"/volume/v3/{sim.project_id}"),
     ):
         for interface in ("public", "internal", "admin"):
             url = access.service_catalog.url_for(
@@ -889,6 +891,142 @@ async def test_fake_cloud_shows_the_same_faults_in_process():
     await cloud.create_server(request)
     assert time.monotonic() - started >= 0.2
     assert len(nova.live_servers()) == 3
+
+
+# -- quotas on other services: Neutron's ports, Cinder's volumes and gigabytes -----------------
+
+
+def boot_from_volume(conn, name: str, size: int) -> dict:
+    image = find_image(conn, "ubuntu-24.04")
+    mapping = {
+        "boot_index": 0,
+        "uuid": image.id,
+        "source_type": "image",
+        "destination_type": "volume",
+        "volume_size": size,
+        "delete_on_termination": True,
+    }
+    return boot_args(conn, name, block_device_mapping=[mapping])
+
+
+def test_neutron_quota_details_count_the_ports_of_servers_and_the_registry(sim, conn):
+    project = conn.current_project_id
+    sim.nova.quota.ports = 5
+    conn.compute.create_server(**boot_args(conn))  # one network: one port
+    details = conn.network.get_quota(project, details=True)
+    assert details.ports == {"limit": 5, "used": 1, "reserved": 0}
+    assert details.networks == {"limit": -1, "used": 1, "reserved": 0}
+
+    network = conn.network.find_network("cluster-net", ignore_missing=False)
+    sim.add_port(network.id, name="spare")
+    sim.nova.faults.no_valid_host = 1
+    conn.compute.create_server(**boot_args(conn, "nowhere"))  # ERROR: it holds no port
+    raw = conn.network.get(f"/quotas/{project}/details.json").json()
+    assert raw["quota"]["port"] == {"limit": 5, "used": 2, "reserved": 0}
+    sim.nova.quota.ports = None
+    assert conn.network.get_quota(project, details=True).ports["limit"] == -1
+
+    with pytest.raises(openstack.exceptions.ForbiddenException, match="Only admin"):
+        conn.network.get_quota("another-project", details=True)
+
+
+def test_port_quota_refuses_creates_with_novas_messages(sim, conn):
+    network = conn.network.find_network("cluster-net", ignore_missing=False)
+    sim.nova.quota.ports = 2
+    conn.compute.create_server(**boot_args(conn, "first"))
+    spare = sim.add_port(network.id, name="spare")  # two ports in use, none left
+    refused = conn.compute.post(
+        "/servers", json={"server": create_body(conn)}, microversion="2.100"
+    )
+    assert refused.status_code == 403
+    assert refused.json() == {
+        "forbidden": {"code": 403, "message": "Maximum number of ports exceeded"}
+    }
+    # A create naming an existing port needs no new one.
+    conn.compute.create_server(**boot_args(conn, "second", networks=[{"port": spare.port_id}]))
+    assert sim.nova.usage()["ports"] == 2
+
+    sim.nova.quota.ports = 1  # lowered below what is in use: Nova says so
+    with pytest.raises(openstack.exceptions.ForbiddenException) as over:
+        conn.compute.create_server(**boot_args(conn, "third"))
+    assert "The number of defined ports: 2 is over the limit: 1" in over.value.details
+    assert sorted(s.name for s in sim.nova.live_servers()) == ["first", "second"]
+
+
+def test_cinder_limits_count_the_boot_volumes(sim, conn):
+    sim.nova.quota.volumes = 3
+    sim.nova.quota.gigabytes = 100
+    conn.compute.create_server(**boot_from_volume(conn, "bfv", 40))
+    conn.compute.create_server(**boot_args(conn, "image-backed"))
+    absolute = conn.block_storage.get_limits().absolute
+    assert (absolute.max_total_volumes, absolute.total_volumes_used) == (3, 1)
+    assert (absolute.max_total_volume_gigabytes, absolute.total_gigabytes_used) == (100, 40)
+    assert (absolute.max_total_snapshots, absolute.total_snapshots_used) == (-1, 0)
+    sim.nova.quota.volumes = None
+    assert conn.block_storage.get_limits().absolute.max_total_volumes == -1
+    assert sim.calls["volume.limits.get"] == 2
+
+
+def test_boot_from_volume_over_cinders_quota_ends_error_after_it_was_accepted(sim, conn):
+    sim.nova.quota.volumes = 1
+    conn.compute.create_server(**boot_from_volume(conn, "holds-the-volume", 40))
+    created = conn.compute.create_server(**boot_from_volume(conn, "one-too-many", 20))
+    server = conn.compute.get_server(created.id)
+    assert (server.status, server.task_state) == ("ERROR", None)
+    assert server.fault["code"] == 500
+    assert server.fault["message"] == (
+        f"Build of instance {created.id} aborted: VolumeLimitExceeded: Maximum number of "
+        "volumes allowed (1) exceeded for quota 'volumes'."
+    )
+    absolute = conn.block_storage.get_limits().absolute
+    assert (absolute.total_volumes_used, absolute.total_gigabytes_used) == (1, 40)
+    assert sim.nova.usage()["ports"] == 1  # the aborted build freed its port
+
+    sim.nova.quota.volumes = None
+    sim.nova.quota.gigabytes = 50
+    created = conn.compute.create_server(**boot_from_volume(conn, "too-big", 20))
+    server = conn.compute.get_server(created.id)
+    assert server.status == "ERROR"
+    assert server.fault["message"] == (
+        f"Build of instance {created.id} aborted: VolumeSizeExceedsAvailableQuota: Requested "
+        "volume or snapshot exceeds allowed gigabytes quota. Requested 20G, quota is 50G and "
+        "40G has been consumed."
+    )
+    assert conn.compute.create_server(**boot_from_volume(conn, "fits", 10)).id
+
+
+def test_cinders_quota_is_checked_when_the_build_leaves_scheduling(sim, conn):
+    sim.nova.quota.volumes = 1
+    sim.nova.faults.quota_recheck_seconds = 0.5
+    first = conn.compute.create_server(**boot_from_volume(conn, "first", 10))
+    second = conn.compute.create_server(**boot_from_volume(conn, "second", 10))
+    # Nova's API does not ask Cinder: both are accepted and scheduling, no volume made yet.
+    assert conn.block_storage.get_limits().absolute.total_volumes_used == 0
+
+    def settled() -> bool:
+        return "BUILD" not in {conn.compute.get_server(s.id).status for s in (first, second)}
+
+    assert wait_until(settled, "both builds to leave scheduling")
+    assert conn.compute.get_server(first.id).status == "ACTIVE"
+    failed = conn.compute.get_server(second.id)
+    assert failed.status == "ERROR"
+    assert "exceeded for quota 'volumes'" in failed.fault["message"]
+    assert conn.block_storage.get_limits().absolute.total_volumes_used == 1
+
+
+def test_control_api_sets_the_quotas_of_other_services(sim):
+    status, quota = control(sim, "POST", "/_sim/quota", {"ports": 3, "volumes": 2, "gigabytes": 80})
+    assert status == 200
+    assert {name: quota["quota"][name] for name in ("ports", "volumes", "gigabytes")} == {
+        "ports": 3,
+        "volumes": 2,
+        "gigabytes": 80,
+    }
+    assert (sim.nova.quota.ports, sim.nova.quota.volumes, sim.nova.quota.gigabytes) == (3, 2, 80)
+    for bad in ({"ports": -1}, {"volumes": 1.5}, {"gigabytes": "lots"}, {"ports": True}):
+        assert control(sim, "POST", "/_sim/quota", bad)[0] == 400, bad
+    assert control(sim, "POST", "/_sim/quota", {"ports": None})[0] == 200
+    assert sim.nova.quota.ports is None
 
 
 # -- names resolved with openstacksdk's find_* ------------------------------------------------

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from osas.engine.settings import ReconcileSettings
 
 if TYPE_CHECKING:
+    from osas.bench.burst import BurstResult
     from osas.bench.run import Figure, SizeResult
     from osas.bench.startup import StartupRow
     from osas.bench.takeover import TakeoverResult
@@ -41,6 +42,10 @@ def _number(value: float, unit: str) -> str:
         return "—"
     if unit == "x":
         return f"{value:.2f}x"
+    if unit == "count":
+        return f"{value:,.0f}"
+    if unit == "/s":
+        return f"{value:.1f} /s"
     if unit in {"ms", "s", "MiB", "MB", "kB"}:
         digits = 0 if value >= 100 else 1 if value >= 10 else 2  # noqa: PLR2004
         return f"{value:.{digits}f} {unit}"
@@ -115,6 +120,8 @@ size the table names (at every size when it names none).
   servers; the simulator counts the creates it has in hand at once.
 - **Takeover**: a warm standby becoming the writer under a Kubernetes Lease, in a section of
   its own below.
+- **A burst against a rate-limited cloud**: one large IncreaseSize against a cloud whose rate
+  limit is below osas's own, in a section of its own below.
 """
 
 HEADER = "| measure | target | min | median | max | n | |\n|---|---|---|---|---|---|---|"
@@ -124,6 +131,8 @@ STARTUP_BEGIN = "<!-- start-up: osas bench, or osas bench --start-up-only -->"
 STARTUP_END = "<!-- end of start-up -->"
 TAKEOVER_BEGIN = "<!-- takeover: osas bench, or python -m osas.bench.takeover -->"
 TAKEOVER_END = "<!-- end of takeover -->"
+BURST_BEGIN = "<!-- burst: osas bench, or python -m osas.bench.burst -->"
+BURST_END = "<!-- end of burst -->"
 
 
 def takeover_section(result: TakeoverResult, machine: dict[str, str]) -> list[str]:
@@ -182,6 +191,44 @@ def replace_takeover_section(out: Path, result: TakeoverResult, machine: dict[st
     _replace_section(out, TAKEOVER_BEGIN, TAKEOVER_END, takeover_section(result, machine))
 
 
+def burst_section(result: BurstResult, machine: dict[str, str]) -> list[str]:
+    """The burst table: each figure over rounds."""
+    rounds = max((len(f.samples) for f in result.figures.values()), default=0)
+    lines = [
+        BURST_BEGIN,
+        "## A burst against a rate-limited cloud",
+        "",
+        (
+            f"A cloud that allows {result.rate:g} server creates a second: the simulated "
+            "OpenStack's rate limit in front of Nova (`create_rate`, a token bucket with a "
+            "second's burst), which answers a create above it 429 with `Retry-After` and never "
+            f"lets it reach Nova. osas at its defaults but for room for the burst: "
+            f"`openstack.rate_limit` {result.rate_limit:g}/s, {result.workers} queue workers, "
+            f"a sync every {result.sync_interval:g} s. Separate processes: `osas sim` (builds of "
+            f"{result.build_seconds:g} s) and `osas serve` against it with mTLS; CA's side calls "
+            f"NodeGroupIncreaseSize({result.count:,}) once, then NodeGroupNodes every second, as "
+            f"CA's loop would, until {result.count:,} instances are running (or "
+            f"{result.time_limit:.0f} s pass). The ideal is {result.count:,} / {result.rate:g} = "
+            f"{result.ideal:.0f} s: every create at the cloud's rate, none lost to it. osas "
+            "shows a server running once a sync has seen it ACTIVE, so the last one shows up to "
+            "a build and a sync interval after Nova stored it. The 429s, the servers Nova stored "
+            "and the create POSTs it was sent are the simulator's counts (`/_sim/calls`, "
+            "`/_sim/servers`); the pace is osas's `/metrics` once the last instance runs. "
+            f"{rounds} round{'s' * (rounds != 1)}, a fresh cloud and osas each; "
+            f"{machine['date']}."
+        ),
+        "",
+        HEADER,
+    ]
+    lines += [_row(figure) for figure in result.figures.values()]
+    return [*lines, BURST_END]
+
+
+def replace_burst_section(out: Path, result: BurstResult, machine: dict[str, str]) -> None:
+    """Write the burst section into an existing report, leaving the rest as it is."""
+    _replace_section(out, BURST_BEGIN, BURST_END, burst_section(result, machine))
+
+
 def startup_section(rows: list[StartupRow], machine: dict[str, str]) -> list[str]:
     """The start-up table: medians over rounds, and each process next to the bare one."""
     bare = rows[0]
@@ -225,6 +272,7 @@ def write_report(
     creates: Figure,
     startup: list[StartupRow],
     takeover: TakeoverResult,
+    burst: BurstResult | None = None,
 ) -> None:
     by_size = {result.servers: result for result in results}
     defaults = ReconcileSettings()
@@ -238,9 +286,9 @@ def write_report(
         "",
         (
             "Written by `osas bench` (`nox -s bench`); every figure below comes from the run that "
-            "wrote this page (the start-up and takeover sections may come from a later `osas "
-            "bench --start-up-only` or `python -m osas.bench.takeover`, which rewrite their "
-            "section alone and date it)."
+            "wrote this page (the start-up, takeover and burst sections may come from a later "
+            "`osas bench --start-up-only`, `python -m osas.bench.takeover` or `python -m "
+            "osas.bench.burst`, which rewrite their section alone and date it)."
         ),
         "",
         (
@@ -273,6 +321,8 @@ def write_report(
         lines += [_row(figure) for figure in result.figures.values()]
         lines.append("")
     lines += [*takeover_section(takeover, machine), ""]
+    if burst is not None:
+        lines += [*burst_section(burst, machine), ""]
     lines += [*startup_section(startup, machine), ""]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines).rstrip() + "\n")

@@ -10,8 +10,9 @@ bare server answering osas's own bytes, alternating which goes first. A CA loop 
 NodeGroups, NodeGroupForNode and GetOptions per node, TargetSize three times per group,
 NodeGroupNodes and TemplateNodeInfo per group) is replayed for a while at the default sync
 interval (idle tails), then once more against an osas that resyncs every 20 s (tails during
-complete listings, Nova traffic, memory). Last, 100 creates at the default settings, and the
-time a warm standby takes to become the writer under a Kubernetes Lease (``osas.bench.takeover``).
+complete listings, Nova traffic, memory). Last, 100 creates at the default settings, the time
+a warm standby takes to become the writer under a Kubernetes Lease (``osas.bench.takeover``), and
+a burst of 1,000 creates against a cloud that allows 5 a second (``osas.bench.burst``).
 """
 
 from __future__ import annotations
@@ -75,10 +76,11 @@ class Plan:
     churn_seconds: float  # osas at its defaults while 1% of the project's other servers change
     load_calls: int  # TargetSize calls timed with and without load on the metrics port
     takeover_rounds: int  # a kill and a clean stop each (osas.bench.takeover)
+    burst_rounds: int  # a burst against a rate-limited cloud each (osas.bench.burst)
 
 
-FULL = Plan((1_000, 10_000, 50_000), 5, 2_000, 300, 20, 12.0, 65.0, 500, 3, 45.0, 500, 3)
-QUICK = Plan((1_000, 5_000), 2, 500, 100, 10, 11.0, 25.0, 200, 2, 25.0, 200, 2)
+FULL = Plan((1_000, 10_000, 50_000), 5, 2_000, 300, 20, 12.0, 65.0, 500, 3, 45.0, 500, 3, 1)
+QUICK = Plan((1_000, 5_000), 2, 500, 100, 10, 11.0, 25.0, 200, 2, 25.0, 200, 2, 1)
 # What else the project holds besides the cluster's servers: as many servers of another
 # cluster, 1% of which change every minute in the churn phase.
 OTHERS_PER_SERVER = 1
@@ -203,6 +205,22 @@ KINDS = {
         "s",
     ),
     "takeover_stopped_exit": Kind("holder stopped (SIGTERM): until its process exits", "s"),
+    # A burst against a cloud whose rate limit is below osas's own (osas.bench.burst).
+    "burst_running": Kind("IncreaseSize until CA is shown the last instance running", "s"),
+    "burst_stored": Kind("IncreaseSize until Nova stored the last create", "s"),
+    "burst_ideal": Kind(
+        "until the last instance running, over the ideal (creates / the cloud's rate)", "x"
+    ),
+    "burst_throttled": Kind("creates the cloud answered 429 (Retry-After)", "count"),
+    "burst_servers": Kind("servers Nova stored", "count"),
+    "burst_shown_running": Kind("instances CA was shown running at the end", "count"),
+    "burst_failed": Kind(
+        "instances CA was ever shown with errorInfo (creates reported failed)",
+        "count",
+        "0",
+        threshold=0.0,
+    ),
+    "burst_pace": Kind("osas's pace at the end (osas_openstack_pace_per_second)", "/s"),
 }
 
 
@@ -326,10 +344,11 @@ def osas_config(
     resync: str | None = None,
     metrics: bool = False,
     election: dict[str, Any] | None = None,
+    queue: dict[str, Any] | None = None,
 ) -> tuple[Path, int, int, int]:
     """A configuration at osas's defaults but for the node groups (and the resync interval,
-    a metrics port and leader election, when asked); the file, its gRPC, health and metrics
-    ports (0: none)."""
+    a metrics port, leader election and the queue's settings, when asked); the file, its gRPC,
+    health and metrics ports (0: none)."""
     port, health, metrics_port = free_port(), free_port(), free_port() if metrics else 0
     auth = {
         "auth_url": setup.sim["auth_url"],
@@ -358,6 +377,8 @@ def osas_config(
         data["metrics_listen"] = f"127.0.0.1:{metrics_port}"
     if election:
         data["leader_election"] = election
+    if queue:
+        data["queue"] = queue
     path = setup.folder / f"osas-{port}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path, port, health, metrics_port
@@ -417,9 +438,16 @@ async def wait_until_serving(
 
 
 async def start_osas(
-    setup: Setup, name: str, *, resync: str | None = None, metrics: bool = False
+    setup: Setup,
+    name: str,
+    *,
+    resync: str | None = None,
+    metrics: bool = False,
+    queue: dict[str, Any] | None = None,
 ) -> Osas:
-    config, port, health, metrics_port = osas_config(setup, resync=resync, metrics=metrics)
+    config, port, health, metrics_port = osas_config(
+        setup, resync=resync, metrics=metrics, queue=queue
+    )
     log = setup.folder / f"{name}.log"
     spawned = time.perf_counter()
     with log.open("wb") as stream:
@@ -1045,7 +1073,9 @@ async def run(
     start_up_only: bool,
     takeover_only: bool = False,
 ) -> None:
-    # Imported here: the start-up and takeover measures are built on this module's helpers.
+    # Imported here: the start-up, takeover and burst measures are built on this module's
+    # helpers.
+    from osas.bench.burst import measure_burst  # noqa: PLC0415
     from osas.bench.startup import measure_startup  # noqa: PLC0415
     from osas.bench.takeover import measure_takeover  # noqa: PLC0415
 
@@ -1063,8 +1093,11 @@ async def run(
         results = [await measure_size(plan, size, tls, folder) for size in plan.sizes]
         creates = await measure_creates(plan, tls, folder)
         takeover = await measure_takeover(plan.takeover_rounds, tls, folder)
+        burst = await measure_burst(plan.burst_rounds, tls, folder)
         startup = await measure_startup(plan.rounds, tls, folder, compare_with)
-    write_report(out, machine(), dataclasses.asdict(plan), results, creates, startup, takeover)
+    write_report(
+        out, machine(), dataclasses.asdict(plan), results, creates, startup, takeover, burst
+    )
 
 
 def run_benchmark(

@@ -285,7 +285,7 @@ def _parser() -> argparse.ArgumentParser:
         help="osas against the bare gRPC limit at 1k-50k servers (needs osas[bench])",
         description="Runs the simulated OpenStack, osas and a bare gRPC server side by side "
         "on 127.0.0.1, replays the Cluster Autoscaler's calls against both, and writes a report "
-        "(some 15 minutes on 2 cores). Needs the bench extra: pip install 'osas[bench]'.",
+        "(some 20 minutes on 2 cores). Needs the bench extra: pip install 'osas[bench]'.",
         epilog=_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

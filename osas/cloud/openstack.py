@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import email.utils
 import functools
 import json
@@ -420,6 +421,8 @@ _SERVICE_OF_OPERATION = {
     "find_image": "image",
     "find_network": "network",
     "find_security_group": "network",
+    "get_port_quota": "network",
+    "get_volume_limits": "volume",
 }
 
 
@@ -887,7 +890,49 @@ class OpenStackCloud:
 
         return await self._call(get)
 
-    async def get_quota(self, server_groups: Sequence[str]) -> ProjectQuota:
+    async def get_quota(
+        self, server_groups: Sequence[str], *, volumes: bool = False
+    ) -> ProjectQuota:
+        quota = await self._compute_quota(server_groups)
+        unread: dict[str, str] = {}
+
+        def port_quota(conn: openstack.connection.Connection) -> Allowance:
+            project_id = conn.current_project_id
+            if project_id is None:
+                raise RequestRejected("the token names no project: no port quota to read")
+            found = conn.network.get_quota(project_id, details=True)
+            ports = found.ports or {}
+            return Allowance(_quota_limit(ports.get("limit")), int(ports.get("used") or 0))
+
+        def volume_limits(conn: openstack.connection.Connection) -> tuple[Allowance, Allowance]:
+            absolute = conn.block_storage.get_limits().absolute
+            return (
+                Allowance(_quota_limit(absolute.max_total_volumes), absolute.total_volumes_used),
+                Allowance(
+                    _quota_limit(absolute.max_total_volume_gigabytes),
+                    absolute.total_gigabytes_used,
+                ),
+            )
+
+        ports = Allowance(None)
+        try:
+            ports = await self._call(port_quota, operation_name="get_port_quota")
+        except CloudError as exc:  # Neutron without the quota API, or a policy: unbounded
+            unread["ports"] = str(exc)
+        volume_count = volume_gib = Allowance(None)
+        if volumes:
+            try:
+                volume_count, volume_gib = await self._call(
+                    volume_limits, operation_name="get_volume_limits"
+                )
+            except CloudError as exc:
+                unread["volumes"] = str(exc)
+        return dataclasses.replace(
+            quota, ports=ports, volumes=volume_count, volume_gib=volume_gib, unread=unread
+        )
+
+    async def _compute_quota(self, server_groups: Sequence[str]) -> ProjectQuota:
+        """Nova's limits and usage, and each server group's members."""
         microversion = await self._call(self._compute_microversion, rated=False)
 
         def get_json(path: str) -> Any:

@@ -3,11 +3,12 @@
 Public clouds put a rate limit in front of their APIs and answer 429 (or 503) with
 ``Retry-After`` above it. ``Pacer`` spaces every request osas sends by ``1 / rate`` (so no burst
 ever exceeds the rate, unlike a bucket that lets a second's worth through at once), holds every
-request back until a ``Retry-After`` has passed, and adapts: each refusal halves the pace (once
-per second however many requests were refused together), and after ``RECOVERY`` seconds without
-one the pace rises again by a tenth per second, up to the configured rate. So a cloud that
-allows less than osas's ``rate_limit`` is met near its own pace, with a few 429s when osas
-probes upwards, and none of them is ever a failure.
+request back until a ``Retry-After`` has passed, and adapts: each refusal takes the pace down
+by a fifth (once per second however many requests were refused together), and after
+``RECOVERY`` seconds without one the pace rises again by a tenth per second, up to the
+configured rate. So a cloud that allows less than osas's ``rate_limit`` is met near its own
+pace (``osas bench``: a burst against a cloud allowing 5 creates a second), with a few 429s
+when osas probes upwards, and none of them is ever a failure.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import anyio
 
 __all__ = ["MAX_RETRY_AFTER", "RECOVERY", "Pacer"]
 
-RECOVERY = 5.0  # seconds without a refusal before the pace rises again
+RECOVERY = 3.0  # seconds without a refusal before the pace rises again
 MAX_RETRY_AFTER = 60.0  # a longer Retry-After is taken as this (a misconfigured limiter)
 _FLOOR = 0.2  # requests per second: the slowest pace a run of refusals can bring
 _RISE = 1.1  # the pace's growth per quiet second
+_FALL = 0.8  # the pace kept after a refusal (once per second)
 
 
 class Pacer:
@@ -64,7 +66,7 @@ class Pacer:
         one interval at the lowered pace), and a slower pace."""
         now = self._clock()
         if now - self._slowed_at >= 1.0:
-            self._rate = max(self._floor, self._rate / 2)
+            self._rate = max(self._floor, self._rate * _FALL)
             self._slowed_at = now
         wait = 1.0 / self._rate if retry_after is None else min(retry_after, MAX_RETRY_AFTER)
         self._not_before = max(self._not_before, now + wait)

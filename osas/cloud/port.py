@@ -95,9 +95,13 @@ class Cloud(Protocol):
 
     async def get_flavor(self, name_or_id: str) -> Flavor | None: ...
 
-    async def get_quota(self, server_groups: Sequence[str]) -> ProjectQuota:
-        """The project's compute limits and usage (Nova's ``/limits``), and the members of
-        each of ``server_groups`` (names or ids; one that does not exist is left out)."""
+    async def get_quota(
+        self, server_groups: Sequence[str], *, volumes: bool = False
+    ) -> ProjectQuota:
+        """The project's compute limits and usage (Nova's ``/limits``), the members of each
+        of ``server_groups`` (names or ids; one that does not exist is left out), Neutron's
+        port quota and, with ``volumes``, Cinder's volume quota. Neutron's and Cinder's are
+        read when they can be; what cannot is in ``unread`` and bounds nothing."""
 
     async def resolve(self, spec: NodeGroupSpec) -> list[Reference]:
         """Every cloud resource ``spec`` names, looked up (for ``osas check-config``)."""

@@ -38,19 +38,27 @@ class Allowance:
 
 @dataclass(frozen=True, slots=True)
 class ProjectQuota:
-    """What Nova's ``/limits`` answered, and each configured server group's members."""
+    """What Nova's ``/limits`` answered, each configured server group's members, Neutron's
+    port quota and Cinder's volume quota (read only for groups that boot from a volume)."""
 
     instances: Allowance
     cores: Allowance
     ram_mib: Allowance
     # Per server group (as a node group names it): Nova's maxServerGroupMembers, and members.
     server_group_members: Mapping[str, Allowance] = field(default_factory=dict)
+    ports: Allowance = Allowance(None)  # Nova makes one port per network of a server
+    volumes: Allowance = Allowance(None)
+    volume_gib: Allowance = Allowance(None)
+    # Resources that could not be read (a service that refuses or lacks the call), and why:
+    # they bound nothing.
+    unread: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class GroupHeadroom:
     """How many more servers of one group the project can hold: ``count`` (None: no limit
-    applies), and per resource (``instances``, ``cores``, ``ram_mib``, ``server_group_members``)."""
+    applies), and per resource (``instances``, ``cores``, ``ram_mib``, ``server_group_members``,
+    ``ports``, ``volumes``, ``volume_gib``)."""
 
     count: int | None
     by_resource: Mapping[str, int | None]
@@ -64,13 +72,16 @@ class GroupHeadroom:
 _UNLIMITED = GroupHeadroom(None, {})
 
 
-def _needs(flavor: Flavor | None) -> dict[str, int]:
+def _needs(spec: NodeGroupSpec, flavor: Flavor | None) -> dict[str, int]:
     """What one server of the group takes of each resource (cores and RAM unknown until its
     flavor is read: nothing then)."""
-    needs = {"instances": 1}
+    needs = {"instances": 1, "ports": len(spec.networks)}
     if flavor is not None:
         needs["cores"] = flavor.vcpus
         needs["ram_mib"] = flavor.ram_mib
+    if spec.boot_volume is not None:
+        needs["volumes"] = 1
+        needs["volume_gib"] = spec.boot_volume.size_gib
     return needs
 
 
@@ -121,8 +132,15 @@ class QuotaBook:
         quota = self._quota
         if quota is None:
             return _UNLIMITED
-        need = _needs(flavor_of.get(spec.group_id))
-        allowances = {"instances": quota.instances, "cores": quota.cores, "ram_mib": quota.ram_mib}
+        need = _needs(spec, flavor_of.get(spec.group_id))
+        allowances = {
+            "instances": quota.instances,
+            "cores": quota.cores,
+            "ram_mib": quota.ram_mib,
+            "ports": quota.ports,
+            "volumes": quota.volumes,
+            "volume_gib": quota.volume_gib,
+        }
         specs = {group.group_id: group for group in groups}
         by_resource: dict[str, int | None] = {}
         for resource, allowance in allowances.items():
@@ -130,7 +148,7 @@ class QuotaBook:
             if allowance.limit is None or per_server <= 0:
                 continue
             spent = sum(
-                count * _needs(flavor_of.get(group)).get(resource, 0)
+                count * _needs(specs[group], flavor_of.get(group)).get(resource, 0)
                 for group, count in self._spent.items()
                 if group in specs
             )

@@ -116,6 +116,15 @@ _QUOTA_MARKERS = (
     "over limit",
     "maximum number of ports exceeded",
     "exceeded maximum number",
+    # Nova's port check when the quota is already passed: "The number of defined ports: 2 is
+    # over the limit: 1" (403).
+    "is over the limit",
+    # Cinder's refusals of a boot volume, in the fault of the ERROR server Nova's build
+    # abort leaves: "VolumeLimitExceeded: Maximum number of volumes allowed (10) exceeded for
+    # quota 'volumes'", "VolumeSizeExceedsAvailableQuota: Requested volume or snapshot exceeds
+    # allowed gigabytes quota".
+    "exceeded for quota",
+    "exceeds allowed gigabytes quota",
 )
 
 

@@ -128,6 +128,7 @@ class Reconciler:
         self._went_back = False  # the last listing was dated before the one before it
         self._quota_read_at: float | None = None
         self._quota_error: str | None = None  # why the last quota read failed
+        self._quota_unread: set[str] = set()  # resources the last read could not read
         self.status = SyncStatus()
         # Servers a person should look at; reviewed after every sync, never acted on.
         self.problems = ProblemWatch(
@@ -183,8 +184,9 @@ class Reconciler:
         self._quota_read_at = self._clock()
         cluster = self._inventory.cluster
         server_groups = sorted({s.server_group for s in cluster.node_groups if s.server_group})
+        volumes = any(spec.boot_volume is not None for spec in cluster.node_groups)
         try:
-            quota = await self._cloud.get_quota(server_groups)
+            quota = await self._cloud.get_quota(server_groups, volumes=volumes)
         except CloudError as exc:
             self._inventory.quota.forget()
             if self._quota_error != str(exc):
@@ -197,6 +199,13 @@ class Reconciler:
         if self._quota_error is not None:
             logger.info("the project's quota is read again")
             self._quota_error = None
+        if set(quota.unread) != self._quota_unread:
+            self._quota_unread = set(quota.unread)
+            if quota.unread:
+                logger.warning(
+                    "part of the project's quota cannot be read; it bounds nothing",
+                    unread=dict(quota.unread),
+                )
         self._inventory.quota.read(quota, self._inventory.not_counted_by_nova())
 
     async def _sync(self, *, full: bool) -> Orders:

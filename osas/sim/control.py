@@ -16,7 +16,8 @@ the servers compactly:
   ``skipped_servers`` (listing pages that leave out their first server),
   ``ports_exceeded`` (creates refused with 403 "Maximum number of ports exceeded"),
   ``lost_create_status`` and ``dropped_create_connections`` (creates stored, then the
-  connection closed without an answer).
+  connection closed without an answer). Besides Nova's, ``Quota`` holds Neutron's ``ports`` and
+  Cinder's ``volumes`` and ``gigabytes`` (each a non-negative integer, or null: unlimited).
 - ``GET|POST /_sim/nova``: ``build_seconds`` (null: BUILD until activated),
   ``delete_seconds`` (how long a deleted server stays ACTIVE with task_state ``deleting``) and
   ``clock_offset`` (seconds Nova's clock is off the real one, negative when behind: Nova stamps

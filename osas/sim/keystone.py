@@ -3,8 +3,8 @@
 Version discovery (``/identity`` answers 300 Multiple Choices with ``versions.values``, the way
 Keystone does, and ``/identity/v3`` a single ``version``), project-scoped tokens from the
 ``password`` and ``application_credential`` methods with the ``X-Subject-Token`` header, and a
-catalog that names compute, image and network on this simulator. Every other API checks the
-``X-Auth-Token`` it is sent against ``Identity.token``.
+catalog that names compute, image, network and block-storage (also as volumev3) on this
+simulator. Every other API checks the ``X-Auth-Token`` it is sent against ``Identity.token``.
 """
 
 from __future__ import annotations

@@ -7,6 +7,15 @@ their tags, keypairs, server groups, quotas refused with Nova's own wording (``N
 paging. The simulated OpenStack serves it over HTTP (``osas.sim.server``), and
 The tests' ``FakeCloud`` (tests/fake_cloud.py) is an in-process ``Cloud`` over it.
 
+Besides Nova's own quotas, ``Quota`` holds those of the services a create leans on: Neutron's
+``ports`` (Nova's API asks Neutron before it accepts a create, and refuses one whose new ports
+would not fit with 403 "Maximum number of ports exceeded") and Cinder's ``volumes`` and
+``gigabytes`` (checked only when the compute host makes a boot volume, after the API accepted
+the create: over either, the build is aborted and the server ends ERROR with Cinder's refusal in
+its fault, ``VolumeLimitExceeded`` or ``VolumeSizeExceedsAvailableQuota``). ``usage()`` counts
+them as those services do: ports and volumes belong to servers whose build reached a host and
+did not fail, plus the ports Neutron's registry holds when the simulator wires it in.
+
 ``Faults`` also reproduces what real Nova does under load: creates stored only after the client
 gave up (``create_stall``), the conductor's quota re-check that turns concurrent creates into
 ERROR servers with a 413 fault after the API accepted them (``quota_recheck_seconds``), paged
@@ -37,6 +46,17 @@ from osas.domain.servers import Fault, Flavor, ServerRecord
 NO_VALID_HOST = "No valid host was found. There are not enough hosts available."
 GROUP_MEMBERS_EXCEEDED = "Quota exceeded, too many servers in group"
 PORTS_EXCEEDED = "Maximum number of ports exceeded"  # Nova's PortLimitExceeded
+# Cinder's refusals as a compute host's volume create meets them (cinderclient's OverLimit, its
+# message prefixed with the exception's name by Cinder's API), inside Nova's BuildAbortException.
+BUILD_ABORTED = "Build of instance {server_id} aborted: {reason}"
+VOLUMES_EXCEEDED = (
+    "VolumeLimitExceeded: Maximum number of volumes allowed ({allowed}) exceeded for quota "
+    "'volumes'."
+)
+GIGABYTES_EXCEEDED = (
+    "VolumeSizeExceedsAvailableQuota: Requested volume or snapshot exceeds allowed gigabytes "
+    "quota. Requested {requested}G, quota is {quota}G and {consumed}G has been consumed."
+)
 SCHEDULING = "scheduling"  # the task state of a new server, as Nova sets it at once
 # vm states (by status) in which Nova lets a server's metadata change, with no task running.
 _METADATA_STATES = {"ACTIVE", "PAUSED", "SUSPENDED", "SHUTOFF"}
@@ -139,8 +159,9 @@ class Faults:
 
 @dataclass(slots=True)
 class Quota:
-    """The project's Nova quotas; None is unlimited (Nova's -1). Nova's own defaults are 10
-    instances, 20 cores and 50 GiB of RAM; the fake starts unlimited so large tests can run."""
+    """The project's quotas that bear on a create; None is unlimited (the services' -1). Nova's
+    own defaults are 10 instances, 20 cores and 50 GiB of RAM, Neutron's 500 ports, Cinder's 10
+    volumes and 1000 GiB; the fake starts unlimited so large tests can run."""
 
     instances: int | None = None
     cores: int | None = None
@@ -149,6 +170,9 @@ class Quota:
     key_pairs: int = 100
     server_groups: int = 10
     server_group_members: int = 10  # the hidden cap that breaks the 11th node of a group
+    ports: int | None = None  # Neutron's
+    volumes: int | None = None  # Cinder's
+    gigabytes: int | None = None  # Cinder's, GiB of volumes
 
 
 @dataclass(slots=True)
@@ -256,6 +280,10 @@ class FakeNova:
         self.keypairs: dict[str, FakeKeypair] = {}
         self.server_groups: dict[str, FakeServerGroup] = {}
         self.availability_zones: list[str] = ["nova"]
+        # The device id of every port Neutron's registry holds ("" when unbound), for the port
+        # quota: the simulator wires its Neutron in. Without it (the in-process FakeCloud) only
+        # the ports Nova makes for its servers count.
+        self.registry_ports: Callable[[], Iterable[str]] = tuple
         self._servers: dict[str, FakeServer] = {}
         # Servers time may still change (building, scheduling, being deleted), so that letting
         # time pass costs what is in flight, not the whole cloud; and every server in listing
@@ -343,16 +371,28 @@ class FakeNova:
 
     @_locked
     def usage(self) -> dict[str, int]:
-        """What the live servers consume of the project's quota, as Nova counts it (ERROR and
-        scheduling servers included: they hold quota until deleted)."""
+        """What the live servers consume of the project's quotas. Nova's (instances, cores, ram)
+        count ERROR and scheduling servers: they hold Nova's quota until deleted. Neutron's
+        ``ports`` and Cinder's ``volumes`` and ``gigabytes`` count only servers holding their
+        ports and boot volume (``_holds_resources``), plus the ports of Neutron's registry
+        (``registry_ports``) not bound to one of those."""
         return self._usage_of(self.live_servers())
 
     def _usage_of(self, servers: Iterable[FakeServer]) -> dict[str, int]:
+        servers = list(servers)
         flavors = [self.flavors.get(server.flavor_id) for server in servers]
+        holding = [server for server in servers if _holds_resources(server)]
+        held = {server.server_id for server in holding}
+        volumes = [s.boot_volume_gib for s in holding if s.boot_volume_gib is not None]
         return {
             "instances": len(flavors),
             "cores": sum(flavor.vcpus for flavor in flavors if flavor is not None),
             "ram": sum(flavor.ram_mib for flavor in flavors if flavor is not None),
+            # One port per network a server is on (a port it was given is one of them).
+            "ports": sum(len(server.networks) for server in holding)
+            + sum(1 for device in self.registry_ports() if device not in held),
+            "volumes": len(volumes),
+            "gigabytes": sum(volumes),
         }
 
     def _quota_limits(self) -> dict[str, int | None]:
@@ -505,12 +545,14 @@ class FakeNova:
         return None if server is None or server.status == "DELETED" else server
 
     @_locked
-    def create_server(self, request: CreateServerRequest) -> FakeServer:
+    def create_server(self, request: CreateServerRequest, *, ports_given: int = 0) -> FakeServer:
+        """Create as Nova's API does. ``ports_given``: how many of the request's networks are
+        existing ports it names (Neutron makes no new port for those)."""
         self.calls["servers.create"] += 1
         flavor = self.find_flavor(request.flavor)
         if flavor is None:
             raise NovaRefusal(f"Flavor {request.flavor} could not be found.", 400)
-        self._check_quota(request, flavor)
+        self._check_quota(request, flavor, new_ports=len(request.networks) - ports_given)
         server = self._new_server(
             request.name,
             flavor_id=flavor.flavor_id,
@@ -532,9 +574,11 @@ class FakeNova:
         elif self.faults.quota_recheck_seconds > 0:
             window = timedelta(seconds=self.faults.quota_recheck_seconds)
             server.scheduling_until = (server.started or server.created_at) + window
+        else:
+            self._make_boot_volume(server, server.created_at)
         return server
 
-    def _check_quota(self, request: CreateServerRequest, flavor: Flavor) -> None:
+    def _check_quota(self, request: CreateServerRequest, flavor: Flavor, *, new_ports: int) -> None:
         """Refuse a create the way Nova's API does: 403 before anything is built. Servers still
         scheduling are not counted: Nova's API races past them, its conductor re-checks."""
         quota = self.quota
@@ -544,6 +588,7 @@ class FakeNova:
             # Neutron's port quota, checked while Nova validates the networks, before its own.
             raise NovaRefusal(PORTS_EXCEEDED, 403)
         used = self._usage_of(s for s in self.live_servers() if not _scheduling(s))
+        self._check_port_quota(new_ports, used["ports"])
         limits = self._quota_limits()
         instance_limit = limits["instances"]
         if self.take_fault("quota_exceeded"):
@@ -567,6 +612,23 @@ class FakeNova:
             )
             if members >= quota.server_group_members:
                 raise NovaRefusal(GROUP_MEMBERS_EXCEEDED, 403)
+
+    def _check_port_quota(self, new_ports: int, used: int) -> None:
+        """Nova's API validates the networks with Neutron: when the create needs new ports it
+        reads the port quota and counts the project's ports, and refuses (403) a create whose
+        ports would not fit, with its own wording when the project is already past the quota.
+        Servers still scheduling have no ports yet, so concurrent creates can pass this check
+        together; the compute host's port create that Neutron would then refuse is not
+        simulated."""
+        limit = self.quota.ports
+        if new_ports <= 0 or limit is None:
+            return
+        if used > limit:
+            raise NovaRefusal(
+                f"The number of defined ports: {used} is over the limit: {limit}", 403
+            )
+        if used + new_ports > limit:
+            raise NovaRefusal(PORTS_EXCEEDED, 403)
 
     @_locked
     def delete_server(self, server_id: str) -> bool:
@@ -713,12 +775,36 @@ class FakeNova:
         )
         if not overs:
             server.task_state = "spawning"
+            self._make_boot_volume(server, now)
             return
         message = _over_quota_message(
             overs, _requested(self.flavors.get(server.flavor_id)), limits, limits
         )
         server.status, server.task_state, server.updated_at = "ERROR", None, now
         server.fault, server.fault_created = Fault(413, message), now
+
+    def _make_boot_volume(self, server: FakeServer, now: datetime) -> None:
+        """The compute host makes a boot-from-volume server's volume as its build begins, and
+        Cinder reserves its quota then (gigabytes checked before volumes, as Cinder sorts them).
+        Refused, Nova aborts the build: the server turns ERROR with a 500 fault carrying
+        Cinder's message, its ports freed, no volume made."""
+        size = server.boot_volume_gib
+        if size is None:
+            return
+        others = (s for s in self._servers.values() if s.status != "DELETED" and s is not server)
+        used = self._usage_of(others)
+        quota, reason = self.quota, None
+        if quota.gigabytes is not None and used["gigabytes"] + size > quota.gigabytes:
+            reason = GIGABYTES_EXCEEDED.format(
+                requested=size, quota=quota.gigabytes, consumed=used["gigabytes"]
+            )
+        elif quota.volumes is not None and used["volumes"] + 1 > quota.volumes:
+            reason = VOLUMES_EXCEEDED.format(allowed=quota.volumes)
+        if reason is None:
+            return
+        message = BUILD_ABORTED.format(server_id=server.server_id, reason=reason)
+        server.status, server.task_state, server.updated_at = "ERROR", None, now
+        server.fault, server.fault_created = Fault(500, message), now
 
 
 _VM_STATES = {"BUILD": "building", "ACTIVE": "active", "ERROR": "error", "DELETED": "deleted"}
@@ -728,6 +814,13 @@ _VM_STATES |= {"SHUTOFF": "stopped", "PAUSED": "paused", "SUSPENDED": "suspended
 def _scheduling(server: FakeServer) -> bool:
     """Whether the server still waits for the conductor's quota re-check."""
     return server.scheduling_until is not None and server.task_state == SCHEDULING
+
+
+def _holds_resources(server: FakeServer) -> bool:
+    """Whether a live server holds ports in Neutron and its boot volume in Cinder: from when
+    its build reaches a host until it is deleted. An ERROR server holds none: Nova never made
+    them (NoValidHost, the quota re-check) or freed them when it aborted the build."""
+    return server.status != "ERROR" and not _scheduling(server)
 
 
 def _requested(flavor: Flavor | None) -> dict[str, int]:

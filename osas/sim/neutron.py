@@ -2,6 +2,14 @@
 
 Neutron filters a collection by any attribute of its resources (``name=a&name=b`` is either),
 sorts by id and paginates with ``limit``/``marker`` and ``<collection>_links``.
+
+The quota details (``GET /v2.0/quotas/{project_id}/details``, ``.json`` or not, as
+openstacksdk's ``get_quota(project, details=True)`` reads it) answer every resource's ``limit``,
+``used`` and ``reserved``, -1 for unlimited. Only the port quota is enforced (``Quota.ports``,
+checked by Nova's creates); its ``used`` is ``FakeNova.usage()``'s: the ports of the servers
+holding theirs plus this registry's. The ports Nova makes for its servers are counted but not
+listed under ``/ports``. The other resources are unlimited, their usage what the registry holds.
+Another project's quota is a 403 ``AdminRequired``, as Neutron answers a non-admin.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
 
+from osas.sim.model import FakeNova
 from osas.sim.routing import HttpError, Request, Response, Router, parse_limit, timestamp
 
 MAX_PAGE = 1000
@@ -67,11 +76,13 @@ def neutron_error(status: int, kind: str, message: str) -> HttpError:
 
 
 class Neutron:
-    """Networks, security groups and ports, and the Neutron routes over them."""
+    """Networks, security groups and ports, and the Neutron routes over them. ``nova`` holds the
+    port quota and counts the ports in use."""
 
-    def __init__(self, *, project_id: str, clock: Callable[[], datetime]) -> None:
+    def __init__(self, *, project_id: str, clock: Callable[[], datetime], nova: FakeNova) -> None:
         self.project_id = project_id
         self.clock = clock
+        self.nova = nova
         self.networks: dict[str, FakeNetwork] = {}
         self.security_groups: dict[str, FakeSecurityGroup] = {}
         self.ports: dict[str, FakePort] = {}
@@ -104,6 +115,11 @@ class Neutron:
             return self.security_groups[name_or_id]
         return next((g for g in self.security_groups.values() if g.name == name_or_id), None)
 
+    def port_devices(self) -> list[str]:
+        """The device id of every port in the registry ("" when unbound): what the port quota
+        counts besides the servers' own ports (``FakeNova.registry_ports``)."""
+        return [port.device_id for port in self.ports.values()]
+
     # -- routes -----------------------------------------------------------------------------------
 
     def register(self, router: Router) -> None:
@@ -133,6 +149,13 @@ class Neutron:
                 f"network.{plural}.get",
                 self._getter(singular, bodies, missing),
             )
+        for suffix in ("", ".json"):
+            router.add(
+                "GET",
+                f"/network/v2.0/quotas/{{project_id}}/details{suffix}",
+                "network.quotas.details",
+                self._quota_details,
+            )
 
     def _versions(self, request: Request) -> Response:
         link = {"rel": "self", "href": f"{request.base_url}/network/v2.0/"}
@@ -154,6 +177,33 @@ class Neutron:
             )
         ]
         return Response.json(200, {"resources": resources})
+
+    def _quota_details(self, request: Request) -> Response:
+        if request.params["project_id"] != self.project_id:
+            raise neutron_error(
+                403,
+                "AdminRequired",
+                "User does not have admin privileges: Only admin is authorized to access quotas "
+                "for another tenant.",
+            )
+        ports = self.nova.quota.ports
+        groups = len(self.security_groups)
+        limits_and_usage = {
+            "network": (None, len(self.networks)),
+            "subnet": (None, len(self.networks)),  # one subnet each
+            "subnetpool": (None, 0),
+            "port": (ports, self.nova.usage()["ports"]),
+            "router": (None, 0),
+            "floatingip": (None, 0),
+            "security_group": (None, groups),
+            "security_group_rule": (None, 2 * groups),  # an egress and an ingress rule each
+            "rbac_policy": (None, 0),
+        }
+        quota = {
+            resource: {"limit": -1 if limit is None else limit, "used": used, "reserved": 0}
+            for resource, (limit, used) in limits_and_usage.items()
+        }
+        return Response.json(200, {"quota": quota})
 
     def _lister(
         self, plural: str, bodies: Callable[[], list[dict[str, Any]]]

@@ -21,6 +21,12 @@ storing a lost answer (``lost_create_responses``, with ``lost_create_status``) o
 all, the connection closed (``dropped_create_connections``). The model does the rest: servers
 that fail Nova's quota re-check turn ERROR with a 413 fault (``quota_recheck_seconds``), and
 pages asked with a marker may start with the marker's server again (``repeated_pages``).
+
+Creates also meet the quotas of Nova's neighbours (``FakeNova.quota``): Neutron's ``ports``
+refuses a create whose new ports would not fit (403, as the fault does; a network given as an
+existing port needs none), and Cinder's ``volumes`` and ``gigabytes`` are checked only when the
+build makes the boot volume, after the 202: the server turns ERROR with a 500 fault
+"Build of instance <id> aborted: VolumeLimitExceeded: ..." (or VolumeSizeExceedsAvailableQuota).
 """
 
 from __future__ import annotations
@@ -586,12 +592,15 @@ class Compute:
             server_group=None if group is None else group.group_id,
             boot_volume=boot_volume,
         )
+        given = spec.networks if isinstance(spec.networks, list) else []
         try:
-            server = self.nova.create_server(create)
+            server = self.nova.create_server(
+                create, ports_given=sum(1 for entry in given if entry.get("port") is not None)
+            )
         except NovaRefusal as exc:
             raise nova_error(exc.status, str(exc)) from exc
         server.config_drive = spec.config_drive
-        for entry in spec.networks if isinstance(spec.networks, list) else []:
+        for entry in given:
             port = self.neutron.ports.get(str(entry.get("port")))
             if port is not None:
                 port.device_id = server.server_id  # bound until Neutron is told otherwise

@@ -1,4 +1,4 @@
-"""``SimulatedOpenStack``: Keystone, Nova, Glance and Neutron on 127.0.0.1, over one FakeNova.
+"""``SimulatedOpenStack``: Keystone, Nova, Glance, Neutron, Cinder on 127.0.0.1 over one FakeNova.
 
 One model, two front ends: the tests' in-memory ``FakeCloud`` and this HTTP server serve the same
 ``FakeNova``, so what a test seeds or breaks in the model, unmodified openstacksdk sees over real
@@ -36,6 +36,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
 
+from osas.sim.cinder import Cinder
 from osas.sim.control import Control
 from osas.sim.glance import FakeImage, Glance
 from osas.sim.keystone import Identity, stable_id, unauthorized
@@ -119,7 +120,8 @@ class _Handler(TrackedHandler):
 
 
 class SimulatedOpenStack(BackgroundHttp):
-    """Keystone v3, Nova v2.1, Glance v2 and Neutron v2.0 on 127.0.0.1, for tests and demos.
+    """Keystone v3, Nova v2.1, Glance v2, Neutron v2.0 and Cinder v3 on 127.0.0.1, for tests and
+    demos (Cinder only for the volume quota).
 
     ``nova`` is the shared model (tests seed and inspect it directly); ``calls`` counts requests
     per operation. Defaults: user ``osas``/``secret-password`` in project ``k8s`` (domain
@@ -161,7 +163,10 @@ class SimulatedOpenStack(BackgroundHttp):
         self.identity.add_application_credential(APP_CREDENTIAL_ID, APP_CREDENTIAL_SECRET, user)
         self.project_id = user.project.project_id
         self.glance = Glance(owner=self.project_id, clock=self.nova.clock)
-        self.neutron = Neutron(project_id=self.project_id, clock=self.nova.clock)
+        self.neutron = Neutron(project_id=self.project_id, clock=self.nova.clock, nova=self.nova)
+        # The port quota counts the registry's ports besides the servers' own.
+        self.nova.registry_ports = self.neutron.port_devices
+        self.cinder = Cinder(project_id=self.project_id, nova=self.nova)
         self.compute = Compute(
             self.nova,
             self.glance,
@@ -173,7 +178,7 @@ class SimulatedOpenStack(BackgroundHttp):
             max_version=Microversion.parse(max_microversion),
         )
         self._router = Router()
-        for service in (self.identity, self.compute, self.glance, self.neutron):
+        for service in (self.identity, self.compute, self.glance, self.neutron, self.cinder):
             service.register(self._router)
         self._control = Router()
         Control(self.nova, self.calls, self.identity, self.throttled).register(self._control)
@@ -264,6 +269,9 @@ class SimulatedOpenStack(BackgroundHttp):
             "compute": ("nova", f"{base_url}/compute/v2.1"),
             "image": ("glance", f"{base_url}/image"),
             "network": ("neutron", f"{base_url}/network"),
+            # Real clouds publish Cinder under both types, at one endpoint with the project in it.
+            "block-storage": ("cinder", f"{base_url}/volume/v3/{self.project_id}"),
+            "volumev3": ("cinderv3", f"{base_url}/volume/v3/{self.project_id}"),
         }
 
     # -- clouds.yaml ------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ Skipped where the ``nova`` package is not installed (the main test venv)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import time
@@ -443,7 +444,11 @@ async def test_osas_adapter_reads_the_projects_quota(nova, sdk_env):
     group = conn.compute.create_server_group(name="osas-grp", policy="soft-anti-affinity")
     cloud = OpenStackCloud(OpenStackSettings(cloud=project["cloud"], attempts=2, backoff=0.1))
     try:
-        assert await cloud.get_quota(["osas-grp"]) == limits_of((0, 0, 0), 0)
+        before = await cloud.get_quota(["osas-grp"])
+        # This lane's Neutron is Nova's own test fixture, which has no quota API: the port
+        # quota is left unread (and bounds nothing), as on a cloud whose policy refuses it.
+        assert set(before.unread) == {"ports"}
+        assert dataclasses.replace(before, unread={}) == limits_of((0, 0, 0), 0)
         request = CreateServerRequest(
             name="osas-limits-1",
             flavor="m1.small",
@@ -466,7 +471,7 @@ async def test_osas_adapter_reads_the_projects_quota(nova, sdk_env):
             return quota if quota.instances.used == 1 else None
 
         quota = await wait_async(counted, "the server counted in /limits")
-        assert quota == limits_of((1, 1, 2048), 1)
+        assert dataclasses.replace(quota, unread={}) == limits_of((1, 1, 2048), 1)
         assert quota.server_group_members == {"osas-grp": Allowance(3, 1)}
         await cloud.delete_server(server.server_id)
     finally:
