@@ -42,6 +42,9 @@ class Inventory:
         self.snapshot = Snapshot()
         self.ledger = Ledger(cluster, self.snapshot, settings)
         self.quota = QuotaBook()
+        self._headrooms: dict[str, GroupHeadroom] = {}
+        self._headroom_key = (-1, -1)
+        self._headroom_cluster: ClusterSpec | None = None
 
     # -- sync state -------------------------------------------------------------------------------
 
@@ -79,13 +82,24 @@ class Inventory:
         return self.ledger.target_size(group_id)
 
     def headroom(self, group_id: str) -> GroupHeadroom:
-        """How many more servers of the group the project's quota can hold now."""
+        """How many more servers of the group the project's quota can hold now: worked out
+        once per quota version (a read, a spend), configuration and flavors, since
+        NodeGroupForNode asks for it at every call."""
         cluster = self.cluster
+        key = (self.quota.version, self.snapshot.flavors_version)
+        if key != self._headroom_key or cluster is not self._headroom_cluster:
+            self._headroom_key, self._headroom_cluster = key, cluster
+            self._headrooms = {}
+        found = self._headrooms.get(group_id)
+        if found is not None:
+            return found
         spec = cluster.group(group_id)
         if spec is None:
             return GroupHeadroom(None, {})
         flavors = {g.group_id: self.snapshot.flavor(g.group_id) for g in cluster.node_groups}
-        return self.quota.headroom(spec, cluster.node_groups, flavors)
+        found = self.quota.headroom(spec, cluster.node_groups, flavors)
+        self._headrooms[group_id] = found
+        return found
 
     def not_counted_by_nova(self) -> dict[str, int]:
         """Per group, servers Nova's usage may not count yet: creates in hand, and servers

@@ -92,6 +92,7 @@ class QuotaBook:
         self._quota: ProjectQuota | None = None
         self._spent: dict[str, int] = {}  # per group: creates in hand at the read, and since
         self._stale = False
+        self.version = 0  # bumped by every read, spend and forget: headroom may have changed
 
     @property
     def quota(self) -> ProjectQuota | None:
@@ -102,16 +103,19 @@ class QuotaBook:
         self._quota = quota
         self._spent = {group: count for group, count in in_hand.items() if count}
         self._stale = False
+        self.version += 1
 
     def forget(self) -> None:
         """The quota can no longer be read: no headroom is reported until it can."""
         self._quota = None
         self._spent = {}
+        self.version += 1
 
     def spend(self, group_id: str, count: int) -> None:
         """IncreaseSize accepted ``count`` creates of the group."""
         if count > 0:
             self._spent[group_id] = self._spent.get(group_id, 0) + count
+            self.version += 1
 
     def refused(self) -> None:
         """Nova refused a create for quota: read again at the next sync."""

@@ -72,6 +72,7 @@ class Snapshot:
     # Per group, the listed servers Nova is not deleting.
     _counted: dict[str, int] = field(default_factory=dict)
     listed_at: float | None = None  # when the last listing was applied; None before the first
+    flavors_version: int = 0  # bumped whenever a group's flavor changes
 
     # -- reads ------------------------------------------------------------------------------------
 
@@ -125,6 +126,7 @@ class Snapshot:
             del self._flavors[group_id]
         else:
             self._flavors[group_id] = flavor
+        self.flavors_version += 1
         self._touch(group_id)
 
     # -- changes ----------------------------------------------------------------------------------
