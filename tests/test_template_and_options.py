@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import grpc
 import pytest
+import structlog
+from prometheus_client import generate_latest
 from support import ca_client, make_config, running
 
 from osas.domain.inventory import Instance, InstanceState
@@ -113,6 +116,35 @@ async def test_options_echo_defaults_and_apply_overrides(ca, legacy):
     assert options.MaxNodeProvisionTime.duration == 15 * 60 * 10**9
     for name in ("scaleDownUnneededTime", "scaleDownUnreadyTime", "MaxNodeProvisionTime"):
         assert options.HasField(name)  # CA <= 1.34 dereferences these without a check
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["ca-1.35", "ca-1.34"])
+async def test_options_of_a_group_without_overrides_are_unimplemented_and_only_counted(
+    tmp_path, legacy
+):
+    """UNIMPLEMENTED ("keep your defaults") with the domain's reason, every time, in both
+    of CA's encodings; answered without an exception (CA asks four times per node per loop),
+    counted in the metrics, never an access line. A group with overrides still answers."""
+    config = make_config(tmp_path)
+    with structlog.testing.capture_logs() as logs:
+        async with running(config) as provider, ca_client(provider.address) as ca:
+            for _ in range(3):
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await ca.options("workers", ca_defaults(legacy=legacy))
+                assert refused.value.code() is grpc.StatusCode.UNIMPLEMENTED
+                assert refused.value.details() == (
+                    "node group has no option overrides; CA keeps its defaults"
+                )
+            options = await ca.options("gpu", ca_defaults(legacy=legacy))
+            assert options.zeroOrMaxNodeScaling is True
+            with pytest.raises(grpc.aio.AioRpcError) as unknown:
+                await ca.options("nope", ca_defaults(legacy=legacy))
+            assert unknown.value.code() is grpc.StatusCode.NOT_FOUND
+            scraped = generate_latest(provider.app.registry).decode()
+    counted = 'osas_grpc_server_handled_total{code="UNIMPLEMENTED",method="NodeGroupGetOptions"}'
+    assert f"{counted} 3.0" in scraped.splitlines()
+    access = [e for e in logs if e["event"] == "rpc" and e.get("method") == "NodeGroupGetOptions"]
+    assert [e["code"] for e in access] == ["NOT_FOUND"]
 
 
 async def test_gpu_label_and_types(ca):

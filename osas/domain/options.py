@@ -22,14 +22,25 @@ class AutoscalingOptions:
     ignore_daemonsets_utilization: bool
 
 
-def group_options(defaults: AutoscalingOptions, overrides: OptionOverrides) -> AutoscalingOptions:
-    """The group's options, or NotSupported so that CA keeps its own defaults.
+_NO_OVERRIDES = NotSupported("node group has no option overrides; CA keeps its defaults")
+
+
+def options_refusal(overrides: OptionOverrides) -> NotSupported | None:
+    """Why a group answers no options (so that CA keeps its own defaults), or None when it
+    has overrides to answer with. Decided by the configuration alone: CA asks about four times
+    per node per loop, and the answer is the same until a reload.
 
     Answering at all costs CA >= 1.35 its per-group MaxNodeStartupTime (the protocol has no field
     for it, so it becomes 0), hence only groups with overrides answer.
     """
-    if overrides.is_empty():
-        raise NotSupported("node group has no option overrides; CA keeps its defaults")
+    return _NO_OVERRIDES if overrides.is_empty() else None
+
+
+def group_options(defaults: AutoscalingOptions, overrides: OptionOverrides) -> AutoscalingOptions:
+    """The group's options, or NotSupported (``options_refusal``)."""
+    refusal = options_refusal(overrides)
+    if refusal is not None:
+        raise refusal
     changes = {
         f.name: getattr(overrides, f.name)
         for f in fields(overrides)

@@ -19,7 +19,7 @@ from osas.domain.errors import NodeNotFound, NotReady, NotSupported, Preconditio
 from osas.domain.inventory import Instance, Inventory
 from osas.domain.ledger import DeleteOutcome, DeletePlan, Orders
 from osas.domain.limits import NodeInfo, check_node, check_nodes
-from osas.domain.options import AutoscalingOptions, group_options
+from osas.domain.options import AutoscalingOptions, group_options, options_refusal
 from osas.domain.pricing import node_price, pod_price
 from osas.domain.sizing import plan_decrease, plan_delete, plan_increase, require_group
 from osas.domain.specs import ClusterSpec, NodeGroupSpec
@@ -239,6 +239,10 @@ class NodeGroupView:
 
     def options(self, defaults: AutoscalingOptions) -> AutoscalingOptions:
         return group_options(defaults, self.spec.options)
+
+    def options_refusal(self) -> NotSupported | None:
+        """Why the group answers no options (CA keeps its defaults), or None."""
+        return options_refusal(self.spec.options)
 
     # -- mutations: planned in the domain, which refuses a request whole or changes it all ---------
 

@@ -43,6 +43,16 @@ def status_of(error: OsasError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+def answer_refused(context: Any, error: OsasError) -> None:
+    """Set ``error``'s status on the call without raising; the handler then returns any
+    message (grpc.aio sends the status, and CA sees exactly what an abort would give). For
+    refusals CA meets at every call of a loop (GetOptions' UNIMPLEMENTED, four times per
+    node), where an abort's exception through the handler and grpc.aio costs more than the
+    answer."""
+    context.set_code(status_of(error))
+    context.set_details(str(error))
+
+
 S = TypeVar("S")
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")

@@ -10,8 +10,8 @@ One access line (event ``rpc``) is written per mutating call (IncreaseSize, Dele
 DecreaseTargetSize, Cleanup) and per refused call, with method, group, code, duration, request
 id, the reason of a refusal, and whatever the controller bound to the call's log context (the
 delta, the target it left...). The reads CA makes per node and per loop (NodeGroupForNode,
-TargetSize, GetOptions, Refresh...) are only counted; UNIMPLEMENTED, which only means "keep your
-defaults", is logged at debug.
+TargetSize, GetOptions, Refresh...) are only counted, and so is UNIMPLEMENTED, which only means
+"keep your defaults" (CA asks GetOptions four times per node per loop).
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ LOGGED_METHODS = frozenset(
     {"NodeGroupIncreaseSize", "NodeGroupDeleteNodes", "NodeGroupDecreaseTargetSize", "Cleanup"}
 )
 _FAULTS = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
+# A read that succeeded, or answered UNIMPLEMENTED ("keep your defaults", four times per node
+# per loop): counted, never logged.
+_UNLOGGED = frozenset({grpc.StatusCode.OK, grpc.StatusCode.UNIMPLEMENTED})
 
 if TYPE_CHECKING:
     # Generic only in the type stubs.
@@ -124,7 +127,7 @@ class RpcGate:
                         f"more than {self._max_concurrent} calls at once (transport."
                         "max_concurrent_rpcs); try again",
                     )
-                return await behavior(request, context)
+                answer = await behavior(request, context)
             except grpc.aio.AbortError:
                 code = context.code() or grpc.StatusCode.UNKNOWN
                 raise
@@ -134,12 +137,16 @@ class RpcGate:
             except Exception:
                 code = grpc.StatusCode.UNKNOWN
                 raise
+            else:
+                # A status set without raising (GetOptions' UNIMPLEMENTED, CA's commonest call).
+                code = context.code() or code
+                return answer
             finally:
                 self.in_flight -= 1
                 seconds = time.perf_counter() - begun
                 handled[code].inc()
                 series.latency.observe(seconds)
-                if method.logged or code is not grpc.StatusCode.OK:
+                if method.logged or code not in _UNLOGGED:
                     _log(
                         method,
                         request=request,

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING
 
 from google.protobuf.any_pb2 import Any as AnyMessage
 
+from osas.domain.errors import OsasError
 from osas.domain.specs import NodeGroupSpec
 from osas.engine.controller import Controller, NodeGroupView
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.service import translate
-from osas.service.errors import translate_errors
+from osas.service.errors import answer_refused, translate_errors
 
 if TYPE_CHECKING:
     # The generated stubs' own alias for a sync-or-aio context; it exists only in the .pyi.
@@ -56,6 +57,7 @@ class _PerGeneration:
         return cached[1]
 
 
+_EMPTY = Serialized(b"")  # the message beside a status set without raising; never read
 _NOT_OURS = Serialized(
     pb.NodeGroupForNodeResponse(nodeGroup=pb.NodeGroup(id="")).SerializeToString()
 )
@@ -70,6 +72,8 @@ class CloudProviderServicer:
         self._for_node: dict[str, tuple[NodeGroupSpec, int, Serialized]] = {}
         self._nodes = _PerGeneration()
         self._targets = _PerGeneration()
+        # group id -> (the spec it was decided for, why it answers no options, or None)
+        self._options: dict[str, tuple[NodeGroupSpec, OsasError | None]] = {}
 
     @translate_errors
     async def NodeGroups(
@@ -194,9 +198,24 @@ class CloudProviderServicer:
     @translate_errors
     async def NodeGroupGetOptions(
         self, request: pb.NodeGroupAutoscalingOptionsRequest, context: Context
-    ) -> pb.NodeGroupAutoscalingOptionsResponse:
+    ) -> pb.NodeGroupAutoscalingOptionsResponse | Serialized:
         group = self._controller.group(request.id)
+        refusal = self._options_refusal(group)
+        if refusal is not None:
+            # UNIMPLEMENTED (keep your defaults) for a group without overrides: CA asks four
+            # times per node per loop, so it is answered without an exception.
+            answer_refused(context, refusal)
+            return _EMPTY
         options = group.options(translate.options_from(request.defaults))
         return pb.NodeGroupAutoscalingOptionsResponse(
             nodeGroupAutoscalingOptions=translate.options_message(options)
         )
+
+    def _options_refusal(self, group: NodeGroupView) -> OsasError | None:
+        """The domain's decision for the group, kept while its configuration stays."""
+        spec = group.spec
+        cached = self._options.get(spec.group_id)
+        if cached is None or cached[0] is not spec:
+            cached = (spec, group.options_refusal())
+            self._options[spec.group_id] = cached
+        return cached[1]
