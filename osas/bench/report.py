@@ -10,6 +10,7 @@ from osas.engine.settings import ReconcileSettings
 
 if TYPE_CHECKING:
     from osas.bench.burst import BurstResult
+    from osas.bench.caloop import CaLoopRun
     from osas.bench.run import Figure, SizeResult
     from osas.bench.startup import StartupRow
     from osas.bench.takeover import TakeoverResult
@@ -227,6 +228,128 @@ def burst_section(result: BurstResult, machine: dict[str, str]) -> list[str]:
 def replace_burst_section(out: Path, result: BurstResult, machine: dict[str, str]) -> None:
     """Write the burst section into an existing report, leaving the rest as it is."""
     _replace_section(out, BURST_BEGIN, BURST_END, burst_section(result, machine))
+
+
+CALOOP_BEGIN = "<!-- ca loop: python -m osas.bench.caloop -->"
+CALOOP_END = "<!-- end of ca loop -->"
+# What the CA-loop table shows of each server at a size: ``SizeRow.figures``' key, a name,
+# a unit; ratios are shown for the first four.
+_CALOOP_ROWS = (
+    ("loop_cpu", "server CPU a loop", "s"),
+    ("loop_per_call", "server CPU a call, over the loop", "µs"),
+    ("options_per_call", "NodeGroupGetOptions alone, server CPU a call", "µs"),
+    ("for_node_per_call", "NodeGroupForNode alone, server CPU a call", "µs"),
+    ("options_share", "the loop's GetOptions, share of its server CPU", "%"),
+    ("for_node_share", "the loop's NodeGroupForNode, share of it", "%"),
+    ("loop_wall", "loop wall time (a Python client)", "s"),
+    ("idle", "idle (one sync interval), server CPU", "ms/s"),
+)
+_CALOOP_RATIOS = 4
+
+
+def _caloop_number(value: float, unit: str) -> str:
+    if math.isnan(value):
+        return "—"
+    if unit in {"µs", "%"}:
+        return f"{value:,.0f} {unit}"
+    if unit == "ms/s":
+        return f"{value:.1f} {unit}"
+    if unit == "x":
+        return f"{value:.2f}x"
+    digits = 3 if value < 1 else 2 if value < 10 else 1  # noqa: PLR2004
+    return f"{value:.{digits}f} {unit}"
+
+
+def _ratio(top: float, bottom: float) -> float:
+    return top / bottom if bottom and not math.isnan(bottom) else math.nan
+
+
+def caloop_section(runs: list[CaLoopRun]) -> list[str]:
+    """The CA-loop table: per size and figure, each labelled run's osas, bare and osas/bare
+    side by side, then each later run over the first: osas's change, the bare server's (the
+    same code: the machine's drift between the runs), and osas/bare's (osas's change with
+    that drift taken out)."""
+    first = runs[0]
+    described = "; ".join(
+        f"**{run.label}**: osas from `{run.osas_source}`, {run.rounds} round"
+        f"{'s' * (run.rounds != 1)}, {run.machine['date']}"
+        for run in runs
+    )
+    machine = first.machine
+    lines = [
+        CALOOP_BEGIN,
+        "## The CA loop: the server's CPU",
+        "",
+        (
+            "What Cluster Autoscaler's loop costs the server, read from the kernel (utime + "
+            "stime of the server's process in `/proc/<pid>/stat`, before and after), so that "
+            "the Python client's own CPU, far above what CA's Go client spends a call, is not "
+            "counted (the wall time includes it). Separate processes: the simulated OpenStack "
+            "with N servers spread over 6 node groups, all ACTIVE; `osas serve` against it "
+            "with mTLS at its defaults (a sync every 10 s, no option overrides: GetOptions "
+            "answers UNIMPLEMENTED, keep your defaults); and a bare grpc.aio server with the "
+            "same mTLS answering osas's own bytes and statuses without decoding a request, "
+            "its UNIMPLEMENTED set on the context and returned (no exception). One loop as CA "
+            "1.36 makes it, serially: Refresh, NodeGroups, NodeGroupTargetSize per group, "
+            "then per node a NodeGroupForNode (name, `openstack:///<uuid>`, kubelet's labels) "
+            "and 4 NodeGroupGetOptions with CA's default options. Each server is started once "
+            "per size and warmed with one loop; the servers take turns. A loop's figures are "
+            "the mean over rounds; a call's, a stretch's CPU over its calls; each method "
+            "alone is its calls in a loop, repeated to at least 5,000 a round. The shares are "
+            "the method's calls a loop times its CPU a call alone, over the loop's CPU. Idle: "
+            "the same stretch of one sync interval with nothing asked (osas's syncs are in "
+            "its loops' figures too). `python -m osas.bench.caloop --label NAME "
+            "[--osas-python CHECKOUT]` measures one osas and keeps it in "
+            "`benchmarks/caloop-NAME.json`; every kept run is shown, and each later one over "
+            "the first: the bare server's is the machine's drift between the runs (it is the "
+            "same code), its osas/bare the change of osas with that drift taken out. "
+            f"Machine: {machine['cpu']}, {machine['cores']} cores; Python {machine['python']}, "
+            f"grpcio {machine['grpcio']}."
+        ),
+        "",
+        f"Runs: {described}.",
+        "",
+    ]
+    head = ["nodes (calls a loop)", "measure"]
+    for run in runs:
+        head += [f"{run.label}: osas", f"{run.label}: bare", f"{run.label}: osas/bare"]
+    head += [
+        f"{who} {run.label}/{first.label}"
+        for run in runs[1:]
+        for who in ("osas", "bare", "osas/bare")
+    ]
+    lines += ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    sizes = sorted({row.nodes for run in runs for row in run.rows})
+    for nodes in sizes:
+        rows = [next((row for row in run.rows if row.nodes == nodes), None) for run in runs]
+        calls = next(row.calls for row in rows if row is not None)
+        figures = [
+            (row.figures(row.osas), row.figures(row.bare)) if row is not None else ({}, {})
+            for row in rows
+        ]
+        for index, (key, name, unit) in enumerate(_CALOOP_ROWS):
+            ratios = index < _CALOOP_RATIOS
+            values = [(o.get(key, math.nan), b.get(key, math.nan)) for o, b in figures]
+            cells = [f"{nodes:,} ({calls:,})" if index == 0 else "", name]
+            for osas, bare in values:
+                cells += [_caloop_number(osas, unit), _caloop_number(bare, unit)]
+                cells.append(_caloop_number(_ratio(osas, bare), "x") if ratios else "")
+            (osas_was, bare_was) = values[0]
+            for osas, bare in values[1:]:
+                changes = (
+                    _ratio(osas, osas_was),
+                    _ratio(bare, bare_was),
+                    _ratio(_ratio(osas, bare), _ratio(osas_was, bare_was)),
+                )
+                cells += [_caloop_number(c, "x") if ratios else "" for c in changes]
+            lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, CALOOP_END]
+
+
+def replace_caloop_section(out: Path, runs: list[CaLoopRun]) -> None:
+    """Write the CA-loop section, every labelled run in it, into an existing report (before
+    the start-up section when it is new), leaving the rest as it is."""
+    _replace_section(out, CALOOP_BEGIN, CALOOP_END, caloop_section(runs))
 
 
 def startup_section(rows: list[StartupRow], machine: dict[str, str]) -> list[str]:
