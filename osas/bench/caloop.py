@@ -44,8 +44,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import AsyncExitStack, contextmanager, suppress
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -61,6 +61,7 @@ from osas.bench.run import (
     Osas,
     Setup,
     Tls,
+    kit,
     machine,
     options,
     osas_config,
@@ -612,40 +613,12 @@ async def idle(servers: list[Server], seconds: float) -> list[Spent]:
     ]
 
 
-@contextmanager
-def ready_process(module: str, *arguments: str) -> Iterator[dict[str, Any]]:
-    """One of the benchmark's processes, as run.py's ``kit`` (it prints one JSON line when
-    ready, handed to the caller, and stops when its standard input closes), its pipes closed
-    after it."""
-    command = [sys.executable, "-m", module, *arguments]
-    process = subprocess.Popen(  # noqa: S603 - our own module, arguments we build
-        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        line = process.stdout.readline() if process.stdout else ""
-        if not line:
-            msg = f"{module} exited before it was ready"
-            raise RuntimeError(msg)
-        yield dict(json.loads(line))
-    finally:
-        with suppress(OSError):
-            if process.stdin:
-                process.stdin.close()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        if process.stdout:
-            process.stdout.close()
-
-
 async def measure_size(plan: Plan, nodes: int, tls: Tls, folder: Path, code: OsasCode) -> SizeRow:
     groups = [f"g{i}" for i in range(GROUPS)]
     print(f"== {nodes:,} nodes in {len(groups)} groups", flush=True)  # noqa: T201
     async with AsyncExitStack() as stack:
         cloud = ("osas.bench.cloud", "--servers", str(nodes), "--groups", str(len(groups)))
-        sim = stack.enter_context(ready_process(*cloud))
+        sim = stack.enter_context(kit(*cloud))
         setup = Setup(folder, tls, sim, groups)
         loop = Loop(groups, cluster_nodes(sim))
         row = SizeRow(nodes, len(groups), len(loop.calls))
@@ -655,7 +628,7 @@ async def measure_size(plan: Plan, nodes: int, tls: Tls, folder: Path, code: Osa
         stack.push_async_callback(servers[0].close)
         answers = await capture(servers[0], loop)
         bare = ("osas.bench.caloop", "--serve-bare", str(write_answers(folder, answers)))
-        ready = stack.enter_context(ready_process(*bare))
+        ready = stack.enter_context(kit(*bare))
         servers.append(Server("bare", ready["port"], ready["pid"], tls))
         stack.push_async_callback(servers[1].close)
         await measure_servers(plan, row, loop, servers)

@@ -246,7 +246,7 @@ def rss_mib(pid: int) -> tuple[float, float]:
 @contextmanager
 def kit(module: str, *arguments: str) -> Iterator[dict[str, Any]]:
     """One of the benchmark's processes: it prints one JSON line when ready (handed to the
-    caller) and stops when its standard input closes."""
+    caller) and stops when its standard input closes; its pipes are closed after it."""
     command = [sys.executable, "-m", module, *arguments]
     process = subprocess.Popen(  # noqa: S603 - our own module, arguments we build
         command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
@@ -266,6 +266,8 @@ def kit(module: str, *arguments: str) -> Iterator[dict[str, Any]]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        if process.stdout:
+            process.stdout.close()
 
 
 def sim_get(sim: dict[str, Any], path: str) -> dict[str, Any]:
