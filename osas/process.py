@@ -24,8 +24,13 @@ _QUIET_LIBRARIES = (
 _M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8  # mallopt's parameters (malloc.h)
 
 
-def configure_logging(level: str = "info", fmt: LogFormat = "json") -> None:
-    """structlog for our own events, and the same rendering for stdlib loggers (domain, grpc)."""
+def configure_logging(
+    level: str = "info", fmt: LogFormat = "json", *, cache_loggers: bool = True
+) -> None:
+    """structlog for our own events, and the same rendering for stdlib loggers (domain, grpc).
+    ``cache_loggers``: each module's logger is built once, on first use (a process configures
+    logging once; a test that configures it for a while passes False, so that no module keeps
+    its configuration afterwards)."""
     shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
@@ -38,8 +43,7 @@ def configure_logging(level: str = "info", fmt: LogFormat = "json") -> None:
         else structlog.dev.ConsoleRenderer(colors=False)
     )
     structlog.configure(
-        # Events below the level are dropped first, not formatted and then thrown away: a
-        # debug line per call (GetOptions answers UNIMPLEMENTED per node per loop) costs nothing.
+        # Events below the level are dropped first, not formatted and then thrown away.
         processors=[
             structlog.stdlib.filter_by_level,
             *shared,
@@ -47,7 +51,7 @@ def configure_logging(level: str = "info", fmt: LogFormat = "json") -> None:
         ],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
-        cache_logger_on_first_use=True,
+        cache_logger_on_first_use=cache_loggers,
     )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 @pytest.fixture
 def logs_at_debug():
     """osas's own logging, JSON at debug (what could leak a secret would show), undone after."""
-    configure_logging("debug", "json")
+    configure_logging("debug", "json", cache_loggers=False)  # nothing kept after the test
     yield
     logging.getLogger().handlers.clear()
     structlog.reset_defaults()
