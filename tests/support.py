@@ -33,6 +33,7 @@ from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST, TAG_CLUS
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.sim import SimulatedOpenStack
 from osas.sim.model import FakeNova, FakeServer
+from osas.sim.server import APP_CREDENTIAL_ID, APP_CREDENTIAL_SECRET, CLOUD_NAME
 
 CLUSTER = "testc"
 TAG = f"{TAG_CLUSTER_PREFIX}{CLUSTER}"
@@ -533,3 +534,33 @@ async def increase_once_allowed(ca: CaClient, group: str, delta: int, timeout: f
             await asyncio.sleep(0.2)
         else:
             return
+
+
+def write_clouds_yaml(
+    sim: SimulatedOpenStack,
+    path: Path,
+    credential_id: str = APP_CREDENTIAL_ID,
+    secret: str = APP_CREDENTIAL_SECRET,
+) -> None:
+    """The simulator's application-credential entry as the clouds.yaml at ``path``, replaced
+    whole as the kubelet updates a Secret's volume (a new file in its place)."""
+    entry = sim.clouds_yaml_entry(application_credential=True)
+    entry["auth"].update(
+        application_credential_id=credential_id, application_credential_secret=secret
+    )
+    staging = path.with_name(f".{path.name}.new")
+    staging.write_text(yaml.safe_dump({"clouds": {CLOUD_NAME: entry}}))
+    staging.replace(path)
+
+
+def rotate_application_credential(
+    sim: SimulatedOpenStack, path: Path, old_id: str, new_id: str
+) -> None:
+    """As an operator rotates it: a new application credential made, the clouds.yaml osas
+    reads replaced, the old credential deleted (and every token issued from it)."""
+    identity = sim.identity
+    user = identity.application_credentials[old_id].user
+    secret = f"secret-{new_id}"
+    identity.add_application_credential(new_id, secret, user, name=new_id)
+    write_clouds_yaml(sim, path, new_id, secret)
+    identity.delete_application_credential(old_id)

@@ -16,7 +16,15 @@ from pathlib import Path
 import anyio
 import structlog
 import yaml
-from support import Provider, big_config, ca_client, ours, write_config
+from support import (
+    Provider,
+    big_config,
+    ca_client,
+    ours,
+    rotate_application_credential,
+    write_clouds_yaml,
+    write_config,
+)
 
 from osas.cloud.openstack import OpenStackCloud
 from osas.cloud.openstack_settings import OpenStackSettings
@@ -26,30 +34,16 @@ from osas.sim.model import FakeNova
 from osas.sim.server import APP_CREDENTIAL_ID, CLOUD_NAME
 
 TOKENS = "identity.tokens.create"
-NEW_ID, NEW_SECRET = "app-cred-rotated", "rotated-secret"
-
-
-def write_clouds_yaml(path: Path, entry: dict) -> None:
-    """Replaced whole, as the kubelet updates a Secret's volume: a new file in its place."""
-    staging = path.with_name(f".{path.name}.new")
-    staging.write_text(yaml.safe_dump({"clouds": {CLOUD_NAME: entry}}))
-    staging.replace(path)
+NEW_ID = "app-cred-rotated"
 
 
 def rotate(sim: SimulatedOpenStack, clouds: Path) -> None:
-    """A new application credential, the file replaced, the old credential deleted."""
-    identity = sim.identity
-    user = identity.application_credentials[APP_CREDENTIAL_ID].user
-    identity.add_application_credential(NEW_ID, NEW_SECRET, user, name="osas-rotated")
-    entry = sim.clouds_yaml_entry(application_credential=True)
-    entry["auth"].update(application_credential_id=NEW_ID, application_credential_secret=NEW_SECRET)
-    write_clouds_yaml(clouds, entry)
-    identity.delete_application_credential(APP_CREDENTIAL_ID)
+    rotate_application_credential(sim, clouds, APP_CREDENTIAL_ID, NEW_ID)
 
 
 def start(sim: SimulatedOpenStack, tmp_path: Path, monkeypatch) -> tuple[Provider, Path]:
     clouds = tmp_path / "clouds.yaml"
-    write_clouds_yaml(clouds, sim.clouds_yaml_entry(application_credential=True))
+    write_clouds_yaml(sim, clouds)
     monkeypatch.setenv("OS_CLIENT_CONFIG_FILE", str(clouds))
     config = big_config(tmp_path)
     settings = OpenStackSettings(

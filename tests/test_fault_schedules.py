@@ -43,7 +43,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-import yaml
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -55,6 +54,8 @@ from support import (
     config_data,
     kept,
     ours,
+    rotate_application_credential,
+    write_clouds_yaml,
     write_config,
 )
 
@@ -73,7 +74,7 @@ from osas.domain.servers import (
 from osas.sim import SimulatedOpenStack
 from osas.sim.kubernetes import KubeStandIn
 from osas.sim.model import FakeNova, NovaRefusal
-from osas.sim.server import APP_CREDENTIAL_ID, APP_CREDENTIAL_SECRET, CLOUD_NAME
+from osas.sim.server import APP_CREDENTIAL_ID, CLOUD_NAME
 
 MAX_SIZE = 5
 API_TIMEOUT = 0.4
@@ -152,7 +153,7 @@ class FaultSchedule(RuleBasedStateMachine):
         self.config = load_config(self.path)
         self.clouds = self.tmp / "clouds.yaml"
         self.credential = APP_CREDENTIAL_ID
-        self._write_clouds_yaml(APP_CREDENTIAL_ID, APP_CREDENTIAL_SECRET)
+        write_clouds_yaml(self.sim, self.clouds)
         self._clouds_env = os.environ.get("OS_CLIENT_CONFIG_FILE")
         os.environ["OS_CLIENT_CONFIG_FILE"] = str(self.clouds)
         self.foreign = self._seed_foreign()
@@ -476,25 +477,12 @@ class FaultSchedule(RuleBasedStateMachine):
         what cannot fit at once, without a POST."""
         self.sim.nova.quota.instances = len(self.sim.nova.live_servers()) + room
 
-    def _write_clouds_yaml(self, credential_id: str, secret: str) -> None:
-        entry = self.sim.clouds_yaml_entry(application_credential=True)
-        entry["auth"].update(
-            application_credential_id=credential_id, application_credential_secret=secret
-        )
-        staging = self.clouds.with_name(".clouds.yaml.new")
-        staging.write_text(yaml.safe_dump({"clouds": {CLOUD_NAME: entry}}))
-        staging.replace(self.clouds)  # as the kubelet updates a Secret's volume
-
     @rule()
     def credential_rotated(self) -> None:
         """The application credential rotated: a new one made, the clouds.yaml osas reads
         replaced, the old one deleted (its tokens with it). osas carries on, no restart."""
-        identity = self.sim.identity
-        old = identity.application_credentials[self.credential]
-        new_id = f"rotated-{len(identity.application_credentials)}-{os.urandom(4).hex()}"
-        identity.add_application_credential(new_id, f"secret-{new_id}", old.user)
-        self._write_clouds_yaml(new_id, f"secret-{new_id}")
-        identity.delete_application_credential(self.credential)
+        new_id = f"rotated-{os.urandom(4).hex()}"
+        rotate_application_credential(self.sim, self.clouds, self.credential, new_id)
         self.credential = new_id
 
     @rule(offset=st.sampled_from(CLOCK_JUMPS))

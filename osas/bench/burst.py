@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import signal
 import subprocess
 import sys
 import tempfile
@@ -53,6 +52,7 @@ from osas.bench.run import (
     nodes,
     sim_get,
     start_osas,
+    stop_process,
 )
 from osas.cloud.openstack_settings import OpenStackSettings
 from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST
@@ -140,12 +140,7 @@ def rate_limited_cloud(folder: Path, rate: float, name: str) -> Iterator[dict[st
         answer.raise_for_status()
         yield {"auth_url": auth_url, "base_url": base_url}
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
         if process.stdout:
             process.stdout.close()
 

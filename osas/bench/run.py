@@ -407,7 +407,7 @@ class Osas:
         stop_process(self.process)
 
 
-def stop_process(process: subprocess.Popen[bytes]) -> None:
+def stop_process(process: subprocess.Popen[Any]) -> None:
     """SIGTERM, as Kubernetes stops osas; killed if it has not exited 30 s later."""
     process.send_signal(signal.SIGTERM)
     try:
