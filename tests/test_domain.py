@@ -43,7 +43,15 @@ from osas.domain.ledger import (
     Orders,
     Refused,
 )
-from osas.domain.limits import MAX_NODE_ID_LENGTH
+from osas.domain.limits import (
+    MAX_ANNOTATIONS_BYTES,
+    MAX_KEY_LENGTH,
+    MAX_LABEL_VALUE_LENGTH,
+    MAX_MAP_ENTRIES,
+    MAX_NODE_ID_LENGTH,
+    NodeInfo,
+    check_node,
+)
 from osas.domain.options import AutoscalingOptions, group_options
 from osas.domain.pricing import effective_requests, node_price, parse_quantity, pod_price
 from osas.domain.quota import Allowance, ProjectQuota
@@ -2409,3 +2417,45 @@ def test_ports_and_boot_volumes_bound_the_groups_that_take_them():
     inv.quota.spend("disk", 2)  # 2 ports and 100 GiB gone: 5 ports left for twonet
     assert inv.headroom("twonet").count == 2
     assert inv.headroom("disk").count == 0
+
+
+def _node(labels=None, annotations=None, name="n"):
+    return NodeInfo(name, "openstack:///x", labels or {}, annotations or {})
+
+
+@pytest.mark.parametrize(
+    ("at_bound", "past_bound", "reason"),
+    [
+        (_node(name="n" * MAX_NODE_ID_LENGTH), _node(name="n" * (MAX_NODE_ID_LENGTH + 1)), "name"),
+        (
+            _node(labels={f"k{i}": "v" for i in range(MAX_MAP_ENTRIES)}),
+            _node(labels={f"k{i}": "v" for i in range(MAX_MAP_ENTRIES + 1)}),
+            "more than",
+        ),
+        (
+            _node(annotations={"a": "v", "k" * MAX_KEY_LENGTH: "v"}),
+            _node(annotations={"a": "v", "k" * (MAX_KEY_LENGTH + 1): "v"}),
+            "keys longer",
+        ),
+        (
+            _node(labels={"a": "v", "b": "v" * MAX_LABEL_VALUE_LENGTH}),
+            _node(labels={"a": "v", "b": "v" * (MAX_LABEL_VALUE_LENGTH + 1)}),
+            "label values",
+        ),
+        # Two bytes a character: the exact size, not the character count, is the bound.
+        (
+            _node(annotations={"a": "é" * ((MAX_ANNOTATIONS_BYTES - 1) // 2)}),
+            _node(annotations={"a": "é" * ((MAX_ANNOTATIONS_BYTES - 1) // 2 + 1)}),
+            "annotations exceed",
+        ),
+        (
+            _node(annotations={"a": "v" * (MAX_ANNOTATIONS_BYTES - 1)}),
+            _node(annotations={"a": "v" * MAX_ANNOTATIONS_BYTES}),
+            "annotations exceed",
+        ),
+    ],
+)
+def test_a_node_at_each_bound_is_accepted_and_one_past_it_refused(at_bound, past_bound, reason):
+    check_node(at_bound)
+    with pytest.raises(InvalidRequest, match=reason):
+        check_node(past_bound)

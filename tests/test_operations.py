@@ -497,11 +497,17 @@ def test_one_access_line_per_mutating_call_and_none_for_reads(tmp_path, sim):
             stub.NodeGroupTargetSize(pb.NodeGroupTargetSizeRequest(id="workers"), timeout=5)
             stub.NodeGroupNodes(pb.NodeGroupNodesRequest(id="workers"), timeout=5)
             node = pb.ExternalGrpcNode(name="n1", providerID=f"openstack:///{uuid.uuid4()}")
-            stub.NodeGroupForNode(pb.NodeGroupForNodeRequest(node=node), timeout=5)
-            with pytest.raises(grpc.RpcError):  # UNIMPLEMENTED: "keep your defaults"
+            _, read = stub.NodeGroupForNode.with_call(
+                pb.NodeGroupForNodeRequest(node=node), timeout=5
+            )
+            with pytest.raises(grpc.RpcError) as defaults:  # UNIMPLEMENTED: "keep your defaults"
                 stub.NodeGroupGetOptions(
                     pb.NodeGroupAutoscalingOptionsRequest(id="workers"), timeout=5
                 )
+            # No line names them, so no request id is sent with them either.
+            assert defaults.value.code() is grpc.StatusCode.UNIMPLEMENTED
+            assert REQUEST_ID_KEY not in dict(defaults.value.trailing_metadata())
+            assert REQUEST_ID_KEY not in dict(read.trailing_metadata())
             _, call = stub.NodeGroupIncreaseSize.with_call(
                 pb.NodeGroupIncreaseSizeRequest(id="workers", delta=2), timeout=5
             )

@@ -21,6 +21,7 @@ from osas.domain.errors import (
     Overloaded,
     PreconditionFailed,
 )
+from osas.service.answers import Serialized, refuse
 
 logger = structlog.get_logger(__name__)
 
@@ -43,14 +44,10 @@ def status_of(error: OsasError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-def answer_refused(context: Any, error: OsasError) -> None:
-    """Set ``error``'s status on the call without raising; the handler then returns any
-    message (grpc.aio sends the status, and CA sees exactly what an abort would give). For
-    refusals CA meets at every call of a loop (GetOptions' UNIMPLEMENTED, four times per
-    node), where an abort's exception through the handler and grpc.aio costs more than the
-    answer."""
-    context.set_code(status_of(error))
-    context.set_details(str(error))
+def answer_refused(context: Any, error: OsasError) -> Serialized:
+    """Set ``error``'s status on the call; the handler returns what this returns (CA sees
+    exactly what an abort would give, without an exception through the stack)."""
+    return refuse(context, status_of(error), str(error))
 
 
 S = TypeVar("S")
@@ -62,20 +59,22 @@ Ctx = TypeVar("Ctx")
 def translate_errors(
     method: Callable[[S, Req, Ctx], Awaitable[Resp]],
 ) -> Callable[[S, Req, Ctx], Awaitable[Resp]]:
-    """Wrap an RPC: osas errors abort with their status; anything else is INTERNAL, logged with
-    its traceback but never shown to the client (it could hold details that are not theirs)."""
+    """Wrap an RPC: an osas error answers its status; anything else is INTERNAL, logged with
+    its traceback but never shown to the client (it could hold details that are not theirs).
+    Both are answered by setting the status (``answers.refuse``), never by raising."""
     rpc = method.__name__
 
     @functools.wraps(method)
     async def wrapper(self: S, request: Req, context: Ctx) -> Resp:
-        aio_context = cast("grpc.aio.ServicerContext[Any, Any]", context)
         try:
             return await method(self, request, context)
         except OsasError as exc:
-            await aio_context.abort(status_of(exc), str(exc))
+            return cast("Resp", answer_refused(context, exc))
         except Exception:
             # A bug: its traceback here, its access line (INTERNAL) from the gate.
             logger.exception("rpc failed", rpc=rpc)
-            await aio_context.abort(grpc.StatusCode.INTERNAL, f"{rpc} failed; see the osas log")
+            return cast(
+                "Resp", refuse(context, grpc.StatusCode.INTERNAL, f"{rpc} failed; see the osas log")
+            )
 
     return wrapper

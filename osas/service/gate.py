@@ -2,9 +2,12 @@
 timed, given a request id, and logged when it matters.
 
 ``RpcGate`` wraps each method's handler once. A call beyond ``transport.max_concurrent_rpcs``
-in progress is refused RESOURCE_EXHAUSTED. Each call gets a request id, sent back in the
-trailing metadata ``x-request-id`` and bound to the call's log context (so that any line logged
-during the call carries it), and is counted in series made once per method and status code.
+in progress is refused RESOURCE_EXHAUSTED. Each call is counted in series made once per method
+and status code. Each call that writes an access line (below) gets a request id, sent back in
+the trailing metadata ``x-request-id``; a mutating call's is also bound to its log context from
+the start, so that any line logged during the call carries it. The reads that answer OK or
+UNIMPLEMENTED get none: no line names them, and trailing metadata on every call costs some
+10% of the server's CPU for CA's loop (docs/BENCHMARKS.md).
 
 One access line (event ``rpc``) is written per mutating call (IncreaseSize, DeleteNodes,
 DecreaseTargetSize, Cleanup) and per refused call, with method, group, code, duration, request
@@ -32,6 +35,7 @@ from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 from structlog.contextvars import bind_contextvars, get_contextvars
 
+from osas.service.answers import refuse
 from osas.service.metrics import MethodMetrics, RpcMetrics
 
 logger = structlog.get_logger("osas.access")
@@ -107,27 +111,30 @@ class RpcGate:
         """``behavior`` (one method's handler) admitted, counted, timed and logged."""
         method = self._methods[name]
         series = method.metrics
-        handled = series.handled
         ids = self._ids
 
         async def gated(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            request_id = ids.next()
-            # Before the call: an abort sends the status, and these, at once.
-            context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
-            if method.logged:
-                bind_contextvars(request_id=request_id)
-            series.started.inc()
             begun = time.perf_counter()
+            series.started += 1
+            request_id = None
+            if method.logged:
+                request_id = ids.next()
+                context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
+                bind_contextvars(request_id=request_id)
             code = grpc.StatusCode.OK
             self.in_flight += 1
             try:
                 if self.in_flight > self._max_concurrent:
-                    await context.abort(
+                    answer = refuse(
+                        context,
                         grpc.StatusCode.RESOURCE_EXHAUSTED,
                         f"more than {self._max_concurrent} calls at once (transport."
                         "max_concurrent_rpcs); try again",
                     )
-                answer = await behavior(request, context)
+                else:
+                    answer = await behavior(request, context)
+                # Every osas refusal sets its status and returns (``answers.refuse``).
+                code = context.code() or code
             except grpc.aio.AbortError:
                 code = context.code() or grpc.StatusCode.UNKNOWN
                 raise
@@ -138,14 +145,16 @@ class RpcGate:
                 code = grpc.StatusCode.UNKNOWN
                 raise
             else:
-                # A status set without raising (GetOptions' UNIMPLEMENTED, CA's commonest call).
-                code = context.code() or code
+                if request_id is None and code not in _UNLOGGED:
+                    # A refused read: its answer and its access line share an id. Set before
+                    # the handler returns, when grpc.aio sends the status.
+                    request_id = ids.next()
+                    context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
                 return answer
             finally:
                 self.in_flight -= 1
                 seconds = time.perf_counter() - begun
-                handled[code].inc()
-                series.latency.observe(seconds)
+                series.finished(code, seconds)
                 if method.logged or code not in _UNLOGGED:
                     _log(
                         method,
@@ -179,7 +188,7 @@ def _log(
     context: grpc.aio.ServicerContext[Any, Any],
     code: grpc.StatusCode,
     seconds: float,
-    request_id: str,
+    request_id: str | None,
 ) -> None:
     # Passed explicitly (not left to the log processors) so that every renderer sees them.
     fields: dict[str, Any] = get_contextvars()

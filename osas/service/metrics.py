@@ -3,14 +3,20 @@ at scrape time, readiness, certificate rotations refused and what osas is built 
 
 from __future__ import annotations
 
+import bisect
 import importlib.metadata
+import itertools
 import platform
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Histogram, Info
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Info
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 # From an answer out of a cache (tens of microseconds) to CA's 5 s deadline.
@@ -33,44 +39,61 @@ _BUCKETS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
 class MethodMetrics:
-    """One method's series, made once: a call only increments them."""
+    """One method's series as plain numbers, read only when scraped (``RpcMetrics.collect``).
+    A call adds to them on the event loop's thread, in some 0.3 µs: prometheus_client's
+    locked Counter and Histogram cost 2 µs a call, and CA calls about five times per node per
+    loop."""
 
-    started: Counter
-    handled: dict[grpc.StatusCode, Counter]
-    latency: Histogram
+    __slots__ = ("buckets", "handled", "seconds", "started")
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.handled = dict.fromkeys(grpc.StatusCode, 0)
+        self.buckets = [0] * (len(_BUCKETS) + 1)  # the last one is +Inf's alone
+        self.seconds = 0.0
+
+    def finished(self, code: grpc.StatusCode, seconds: float) -> None:
+        self.handled[code] += 1
+        # Prometheus's buckets are inclusive: the first bound at or above the value.
+        self.buckets[bisect.bisect_left(_BUCKETS, seconds)] += 1
+        self.seconds += seconds
 
 
-class RpcMetrics:
+class RpcMetrics(Collector):
+    """Every CloudProvider method's calls: started, handled by status code, and how long they
+    took, under the names and labels of prometheus_client's Counter and Histogram."""
+
     def __init__(self, registry: CollectorRegistry, methods: Iterable[str]) -> None:
-        started = Counter(
+        self.methods = {method: MethodMetrics() for method in methods}
+        registry.register(self)
+
+    def collect(self) -> Iterator[Metric]:
+        started = CounterMetricFamily(
             "osas_grpc_server_started",
             "CloudProvider calls started, by method.",
-            ["method"],
-            registry=registry,
+            labels=["method"],
         )
-        handled = Counter(
+        handled = CounterMetricFamily(
             "osas_grpc_server_handled",
             "CloudProvider calls finished, by method and gRPC status code.",
-            ["method", "code"],
-            registry=registry,
+            labels=["method", "code"],
         )
-        latency = Histogram(
+        latency = HistogramMetricFamily(
             "osas_grpc_server_handling_seconds",
             "How long CloudProvider calls took to answer, by method.",
-            ["method"],
-            buckets=_BUCKETS,
-            registry=registry,
+            labels=["method"],
         )
-        self.methods = {
-            method: MethodMetrics(
-                started.labels(method),
-                {code: handled.labels(method, code.name) for code in grpc.StatusCode},
-                latency.labels(method),
-            )
-            for method in methods
-        }
+        bounds = [*(str(bound) for bound in _BUCKETS), "+Inf"]  # as prometheus_client writes them
+        for method, series in self.methods.items():
+            started.add_metric([method], series.started)
+            for code, count in list(series.handled.items()):
+                handled.add_metric([method, code.name], count)
+            cumulative = list(itertools.accumulate(series.buckets))
+            latency.add_metric([method], list(zip(bounds, cumulative, strict=True)), series.seconds)
+        yield started
+        yield handled
+        yield latency
 
 
 class ServiceCollector(Collector):

@@ -20,6 +20,7 @@ from structlog.contextvars import bind_contextvars
 from osas.domain.limits import MAX_NODES_PER_REQUEST
 from osas.engine.controller import Controller
 from osas.protocol import externalgrpc_pb2
+from osas.service.answers import Serialized, refuse
 from osas.service.gate import RpcGate
 from osas.service.health import ProbeHealthServicer
 from osas.service.metrics import RpcMetrics
@@ -33,7 +34,7 @@ logger = structlog.get_logger(__name__)
 _SERVICE = externalgrpc_pb2.DESCRIPTOR.services_by_name["CloudProvider"]
 SERVICE_NAME = _SERVICE.full_name
 
-Handler = Callable[[Message, grpc.aio.ServicerContext[Any, Any]], Awaitable[Message]]
+Handler = Callable[[Message, grpc.aio.ServicerContext[Any, Any]], Awaitable[Message | Serialized]]
 
 
 class BindError(Exception):
@@ -112,25 +113,27 @@ def _listen(key: str, address: str, add: Callable[[str], int]) -> int:
 
 def _screened(
     name: str, handle: Handler, request_class: type[Message], allow: ClientAllowList | None
-) -> Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Awaitable[Message]]:
+) -> Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Awaitable[Message | Serialized]]:
     """Decode the request ourselves, so that undecodable bytes get INVALID_ARGUMENT (not the
     INTERNAL gRPC would answer), refuse a capped repeated field that is too long before
-    decoding it, and admit only allowed client identities. Refusals are logged once, in the
-    call's access line (``gate``), with the reason given here."""
+    decoding it, and admit only allowed client identities. Refusals set their status
+    (``answers.refuse``) and are logged once, in the call's access line (``gate``), with the
+    reason given here."""
     cap = _CAPPED_FIELDS.get(name)
     capped_number = request_class.DESCRIPTOR.fields_by_name[cap.field].number if cap else 0
 
-    async def call(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Message:
+    async def call(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Message | Serialized:
         if allow:
             admitted, identity = allow.admits(context.auth_context())
             if not admitted:
                 # Who was refused goes into the call's access line.
                 bind_contextvars(client=identity.names() if identity else [])
-                await context.abort(
-                    grpc.StatusCode.PERMISSION_DENIED, "client identity is not allowed"
+                return refuse(
+                    context, grpc.StatusCode.PERMISSION_DENIED, "client identity is not allowed"
                 )
         if cap and more_records_than(raw, capped_number, cap.limit):
-            await context.abort(
+            return refuse(
+                context,
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"more than {cap.limit} {cap.field} in one request; at most {cap.limit} "
                 "are accepted",
@@ -138,7 +141,8 @@ def _screened(
         try:
             request = request_class.FromString(raw)
         except DecodeError:
-            await context.abort(
+            return refuse(
+                context,
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"request is not a valid {request_class.DESCRIPTOR.name} message",
             )

@@ -4,8 +4,7 @@ result into a response. Decisions live in the domain; errors are mapped in ``err
 The answers CA asks for most are kept serialised and sent as they are until what they say
 changes: NodeGroupNodes and NodeGroupTargetSize per group and inventory generation (which the
 domain bumps on every change CA could see of a group), NodeGroupForNode per group (it carries
-only configuration). A cached answer is a ``Serialized``: the server's response serializer calls
-``SerializeToString`` on whatever a handler returns, and gets the stored bytes back.
+only configuration). A cached answer is an ``answers.Serialized``.
 """
 
 from __future__ import annotations
@@ -20,23 +19,12 @@ from osas.domain.specs import NodeGroupSpec
 from osas.engine.controller import Controller, NodeGroupView
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.service import translate
+from osas.service.answers import Serialized
 from osas.service.errors import answer_refused, translate_errors
 
 if TYPE_CHECKING:
     # The generated stubs' own alias for a sync-or-aio context; it exists only in the .pyi.
     from osas.protocol.externalgrpc_pb2_grpc import _ServicerContext as Context
-
-
-class Serialized:
-    """An answer serialised once and sent as is, as many times as it stays true."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def SerializeToString(self) -> bytes:  # the name protobuf messages answer to
-        return self.data
 
 
 class _PerGeneration:
@@ -57,7 +45,6 @@ class _PerGeneration:
         return cached[1]
 
 
-_EMPTY = Serialized(b"")  # the message beside a status set without raising; never read
 _NOT_OURS = Serialized(
     pb.NodeGroupForNodeResponse(nodeGroup=pb.NodeGroup(id="")).SerializeToString()
 )
@@ -204,8 +191,7 @@ class CloudProviderServicer:
         if refusal is not None:
             # UNIMPLEMENTED (keep your defaults) for a group without overrides: CA asks four
             # times per node per loop, so it is answered without an exception.
-            answer_refused(context, refusal)
-            return _EMPTY
+            return answer_refused(context, refusal)
         options = group.options(translate.options_from(request.defaults))
         return pb.NodeGroupAutoscalingOptionsResponse(
             nodeGroupAutoscalingOptions=translate.options_message(options)
