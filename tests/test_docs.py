@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import ast
 import re
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
+from typing import Any
 
+import pytest
 from packaging.utils import canonicalize_name
 
+import osas
 from osas.config import load_config
 
 ROOT = Path(__file__).parent.parent
@@ -122,3 +127,66 @@ def test_the_docs_name_the_distribution_pyproject_builds_and_the_image_installs(
     # The package and the command keep the name osas.
     assert PYPROJECT["project"]["scripts"] == {"osas": "osas.__main__:main"}
     assert PYPROJECT["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == ["osas"]
+
+
+# -- the image: docs/install.md's build command and nox -s image's --------------------------
+
+
+def noxfile_functions(*names: str) -> dict[str, Any]:
+    """Functions of noxfile.py as nox runs them: with the module's imports, but for nox itself
+    (the test suite's venv has none; these functions do not use it)."""
+    tree = ast.parse((ROOT / "noxfile.py").read_text())
+    body = [
+        node
+        for node in tree.body
+        if (
+            isinstance(node, ast.Import | ast.ImportFrom) and "nox" not in ast.unparse(node).split()
+        )
+        or (isinstance(node, ast.FunctionDef) and node.name in names)
+    ]
+    assert {node.name for node in body if isinstance(node, ast.FunctionDef)} == set(names)
+    namespace: dict[str, Any] = {}
+    exec(compile(ast.Module(body, type_ignores=[]), "noxfile.py", "exec"), namespace)  # noqa: S102
+    return namespace
+
+
+def documented_image_builds() -> list[list[str]]:
+    """docs/install.md's image commands, run from the repository's root by bash with a buildah
+    that only says what it is asked: the arguments of each ``buildah build``."""
+    text = (ROOT / "docs" / "install.md").read_text()
+    (block,) = re.findall(r"<!-- image-build -->\s*```sh\n(.*?)```", text, re.DOTALL)
+    script = 'buildah() { printf "%s\\n" "--call--" "$@"; }\n' + block
+    said = subprocess.run(
+        [shutil.which("bash") or "bash", "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    calls = [call.splitlines() for call in said.split("--call--\n")[1:]]
+    return [call[1:] for call in calls if call[0] == "build"]
+
+
+def test_the_documented_image_build_gives_the_labels_and_isolation_nox_gives(monkeypatch):
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a clone: no commit to label the image with")
+    monkeypatch.chdir(ROOT)
+    nox = noxfile_functions("_quiet", "_label_arguments", "_build_options")
+    labels = nox["_label_arguments"]()
+    assert labels["VERSION"] == osas.__version__
+    assert re.fullmatch(r"[0-9a-f]{40}", labels["REVISION"])
+    # Every build argument the Containerfile's labels read, and no other.
+    containerfile = (ROOT / "Containerfile").read_text()
+    (label,) = re.findall(r"^LABEL (?:.*\\\n)*.*$", containerfile, re.MULTILINE)
+    assert set(labels) == set(re.findall(r"\$\{(\w+)\}", label))
+    options = nox["_build_options"]("buildah")
+    builds = documented_image_builds()
+    assert len(builds) == 2  # one platform, then both in a manifest list
+    for build in builds:
+        given = [build[i + 1] for i, word in enumerate(build) if word == "--build-arg"]
+        assert dict(argument.split("=", 1) for argument in given) == labels
+        isolation = build[build.index("--isolation") : build.index("--isolation") + 2]
+        assert isolation == options[options.index("--isolation") :][:2] == ["--isolation", "chroot"]
+    # What nox adds: no image per step left behind (buildah's default, said in case
+    # BUILDAH_LAYERS says otherwise).
+    assert "--layers=false" in options
