@@ -190,3 +190,28 @@ def test_the_documented_image_build_gives_the_labels_and_isolation_nox_gives(mon
     # What nox adds: no image per step left behind (buildah's default, said in case
     # BUILDAH_LAYERS says otherwise).
     assert "--layers=false" in options
+
+
+# -- "Try it on your machine": its ports ----------------------------------------------------
+
+
+def test_the_readme_names_the_ports_try_it_uses_and_moves_osas_off_them(monkeypatch):
+    readme = (ROOT / "README.md").read_text()
+    commands = "\n".join(re.findall(r"<!-- readme-test -->\s*```sh\n(.*?)```", readme, re.DOTALL))
+    example = (ROOT / "examples" / "osas.yaml").read_text()
+    used = set(re.findall(r"127\.0\.0\.1:(\d+)", commands + example))
+    used |= set(re.findall(r"--port (\d+)", commands))
+    paragraph, moved = re.findall(
+        r"^(The commands need .*?)```sh\n(.*?)```", readme, re.DOTALL | re.MULTILINE
+    )[0]
+    assert set(re.findall(r"\b(\d{4,5})\b", paragraph)) == used
+    # The other ports it gives osas are the ones osas then listens on, and asks for status.
+    exports = dict(re.findall(r"\b(OSAS_\w+)=(\S+)", moved))
+    for name, value in exports.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(ROOT)
+    config = load_config(ROOT / "examples" / "osas.yaml")
+    listeners = {config.listen, config.health_listen, config.metrics_listen}
+    assert listeners == set(exports.values())
+    assert {address.rsplit(":", 1)[1] for address in listeners}.isdisjoint(used)
+    assert f"--url http://{config.metrics_listen} " in moved
