@@ -215,3 +215,21 @@ def test_the_readme_names_the_ports_try_it_uses_and_moves_osas_off_them(monkeypa
     assert listeners == set(exports.values())
     assert {address.rsplit(":", 1)[1] for address in listeners}.isdisjoint(used)
     assert f"--url http://{config.metrics_listen} " in moved
+
+
+# -- one procedure per task -------------------------------------------------------------------
+
+
+def test_the_credential_rotation_is_written_once_and_linked_from_the_other_pages():
+    pages = {path.name: path.read_text() for path in (ROOT / "docs").glob("*.md")}
+    procedure = "operations.md#rotating-the-application-credential"
+    heading = r"^### Rotating the application credential\n(.*?)^##"
+    (section,) = re.findall(heading, pages["operations.md"], re.MULTILINE | re.DOTALL)
+    steps = re.findall(r"^\d\. \*\*(.+?)\*\*", section, re.MULTILINE)
+    assert [step.split()[0] for step in steps] == ["A", "Update", "Watch", "Delete"]
+    # The steps nowhere else; the pages that speak of changing credentials link to them.
+    for name, text in pages.items():
+        if name != "operations.md":
+            assert "application credential delete" not in text, name
+    for name in ("install.md", "openstack.md"):
+        assert procedure in pages[name], name
