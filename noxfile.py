@@ -219,6 +219,36 @@ def _pip_cert() -> str | None:
     return cert if cert and Path(cert).is_file() else None
 
 
+def _label_arguments() -> dict[str, str]:
+    """The build arguments of the image's OCI labels, the values docs/install.md's command gives
+    them (tests/test_docs.py runs both and compares): osas's version, the commit, its date."""
+    version = re.search(
+        r'^__version__ = "(.*)"$', Path("osas/__init__.py").read_text(), re.MULTILINE
+    )
+    if version is None:
+        raise ValueError("osas/__init__.py: no __version__")
+    git = shutil.which("git")
+    commit = _quiet(git, "log", "-1", "--format=%H %cI").stdout.split() if git else []
+    revision, created = commit or ["unknown", "1970-01-01T00:00:00Z"]
+    return {"VERSION": version.group(1), "REVISION": revision, "CREATED": created}
+
+
+def _build_options(tool: str) -> list[str]:
+    """What the engine is told besides the build's arguments. buildah runs the steps in a
+    chroot (no OCI runtime needed), as docs/install.md's command does. buildah and podman
+    commit no image per step (``--layers=false``: a build left ~380 MB of them behind) and
+    remove their working containers also after a failed build."""
+    options = ["--isolation", "chroot"] if tool == "buildah" else []
+    if tool in {"buildah", "podman"}:
+        options += ["--layers=false", "--force-rm"]
+    return options
+
+
+def _image_id(engine: str, image: str) -> str:
+    """The id of the image ``image`` names in the engine's store ('' where none)."""
+    return _quiet(engine, "images", "-q", "--no-trunc", image).stdout.strip()
+
+
 @nox.session
 def image(session: nox.Session) -> None:
     """Build the image on its pinned bases (or stand-ins made from Debian packages where they
@@ -232,23 +262,20 @@ def image(session: nox.Session) -> None:
     bases = {
         arg: _base(session, engine, arg, pinned) for arg, pinned in _pinned_bases(session).items()
     }
-    version = re.search(r'__version__ = "(.+)"', Path("osas/__init__.py").read_text())
-    if version is None:
-        session.error("osas/__init__.py: no __version__")
-    git = shutil.which("git")
-    commit = _quiet(git, "log", "-1", "--format=%H %cI").stdout.split() if git else []
-    revision, created = commit or ["unknown", "1970-01-01T00:00:00Z"]
-    build = [engine, "build", "-f", "Containerfile", "-t", IMAGE]
-    if tool == "buildah":
-        build += ["--isolation", "chroot", "--layers"]
-    arguments = {**bases, "VERSION": version.group(1), "REVISION": revision, "CREATED": created}
+    build = [engine, "build", "-f", "Containerfile", "-t", IMAGE, *_build_options(tool)]
+    arguments = {**bases, **_label_arguments()}
     cert = _pip_cert()
     if cert:
         arguments["PIP_CERT"] = "/run/osas-build-ca.crt"
         build += ["--volume", f"{cert}:/run/osas-build-ca.crt:ro"]
     for name, value in arguments.items():
         build += ["--build-arg", f"{name}={value}"]
+    replaced = _image_id(engine, IMAGE)
     session.run(*build, ".", external=True)
+    if replaced and replaced != _image_id(engine, IMAGE):
+        # The image the tag named before: untagged now, it would stay behind (~160 MB a build).
+        # Refused while another tag or a container still uses it, and then kept.
+        _quiet(engine, "rmi", replaced)
     if tool != "buildah" or os.geteuid() != 0 or not shutil.which("unshare"):
         session.log(f"built {IMAGE}; running it as the chart's pod takes buildah and root: skipped")
     else:

@@ -89,3 +89,11 @@ def test_containerfile_pins_its_base_and_installs_only_the_lock():
     assert "USER 65532:65532" in text
     for label in ("version", "revision", "created", "source", "licenses"):
         assert f"org.opencontainers.image.{label}=" in text
+
+
+def test_every_containerfile_argument_has_a_default():
+    """buildah warns about every ARG without a default that a build does not give, and a build
+    gives PIP_CERT only behind a proxy: each has a default, empty where unset means nothing."""
+    arguments = re.findall(r"^ARG (\S+)$", (ROOT / "Containerfile").read_text(), re.MULTILINE)
+    assert "PIP_CERT" in [argument.split("=")[0] for argument in arguments]
+    assert [argument for argument in arguments if "=" not in argument] == []

@@ -113,7 +113,9 @@ class FaultSchedule(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.Runner()
-        self.tmp = Path(tempfile.mkdtemp(prefix="osas-faults-"))
+        # Removed by teardown: a run makes 20 of them.
+        self._tmp = tempfile.TemporaryDirectory(prefix="osas-faults-", ignore_cleanup_errors=True)
+        self.tmp = Path(self._tmp.name)
         self.sim = SimulatedOpenStack(FakeNova(build_seconds=0.05, delete_seconds=0.1))
         self.sim.start()
         self.kube = KubeStandIn()
@@ -652,6 +654,7 @@ class FaultSchedule(RuleBasedStateMachine):
                 os.environ.pop("OS_CLIENT_CONFIG_FILE", None)
             else:
                 os.environ["OS_CLIENT_CONFIG_FILE"] = self._clouds_env
+            self._tmp.cleanup()
 
 
 TestFaultSchedules = FaultSchedule.TestCase
@@ -663,3 +666,12 @@ TestFaultSchedules.settings = settings(
     derandomize=True,
 )
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+
+def test_a_schedule_leaves_no_folder_behind():
+    """Its start and its teardown, as hypothesis runs them around each schedule."""
+    schedule = FaultSchedule()
+    folder = schedule.tmp
+    assert (folder / "kubeconfig").is_file()
+    schedule.teardown()
+    assert not folder.exists()

@@ -40,6 +40,9 @@ EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 # The modules of the optional extra `bench` (pyproject.toml) that osas bench imports.
 _BENCH_EXTRA = frozenset({"trustme", "pyinstrument"})
+# How to get it: osas is not on PyPI (the name "osas" there is another project's), so from a
+# clone, as the README installs osas.
+BENCH_INSTALL = "pip install -e '.[bench]'"
 
 _EXIT_CODES = f"""\
 exit codes (docs/cli.md):
@@ -282,10 +285,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench = commands.add_parser(
         "bench",
-        help="osas against the bare gRPC limit at 1k-50k servers (needs osas[bench])",
+        help="osas against the bare gRPC limit at 1k-50k servers (needs the bench extra)",
         description="Runs the simulated OpenStack, osas and a bare gRPC server side by side "
         "on 127.0.0.1, replays the Cluster Autoscaler's calls against both, and writes a report "
-        "(some 20 minutes on 2 cores). Needs the bench extra: pip install 'osas[bench]'.",
+        "(some 20 minutes on 2 cores). Needs the bench extra: in osas's clone, "
+        f"{BENCH_INSTALL}.",
         epilog=_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -476,7 +480,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             raise
         raise CommandError(
             f"needs the bench extra, which is not installed ({exc.name} is missing): "
-            "pip install 'osas[bench]'",
+            f"in osas's clone, {BENCH_INSTALL}",
             EXIT_EXTRA,
         ) from exc
     plan = QUICK if args.quick else FULL

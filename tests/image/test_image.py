@@ -28,9 +28,10 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from podrun import image_config, pod_of, run, run_pod
+from podrun import image_config, pod_of, run, run_pod, tool
 from support import SIM_WORKERS, wait_for
 
+import osas
 from osas.demo.certs import DemoAuthority
 from osas.demo.client import ClientTls, connect
 from osas.protocol import externalgrpc_pb2 as pb
@@ -206,3 +207,19 @@ def test_the_image_runs_as_the_charts_pod(pod_network, chart_objects, simulator,
     }
     events = [json.loads(line) for line in log.read_text().splitlines()]
     assert events[-1]["event"] == "grpc stopped", events[-3:]
+
+
+def test_the_image_is_labelled_with_osas_version_the_commit_and_its_date():
+    """What docs/install.md's command and nox -s image give the labels, not the Containerfile's
+    stand-ins (0.0.0.dev0, unknown, 1970)."""
+    labels = image_config(IMAGE)["config"]["Labels"]
+    root = Path(__file__).parent.parent.parent
+    commit = run(tool("git"), "-C", str(root), "log", "-1", "--format=%H %cI").split()
+    assert {
+        name: labels[f"org.opencontainers.image.{name}"]
+        for name in ("version", "revision", "created")
+    } == {
+        "version": osas.__version__,
+        "revision": commit[0],
+        "created": commit[1],
+    }
