@@ -1,6 +1,6 @@
 """What the real Cluster Autoscaler does that operators meet (FACTS.md section 6), played against
 the real gRPC server, osas's OpenStack adapter and the simulated OpenStack over HTTP: a group
-whose servers never join."""
+whose servers never join, and a timed-out scale-up CA tries to revert."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import json
 import grpc
 import structlog
 from support import (
+    API_TIMEOUT,
     Provider,
     ca_client,
     eventually,
+    expect_status,
     ours,
     provider_id,
     seed_ours,
@@ -166,5 +168,51 @@ async def test_deleting_a_scaled_down_node_or_a_failed_create_is_no_join_problem
                 samples = await scrape(port)
                 assert value(samples, DELETED, group="big") == 0
                 assert value(samples, PROBLEM, group="big", problem=KIND) == 0
+        finally:
+            await provider.stop()
+
+
+async def test_a_timed_out_merged_scale_up_is_not_reverted_and_its_missing_server_goes(tmp_path):
+    """CA 1.36 merges two scale-ups (+1, then +2) into one request; one server never comes
+    up. At the timeout CA asks DecreaseTargetSize(-Increase): -3, the whole merged request.
+    Every create became a server, so osas refuses (as AWS and GCE do) and changes nothing;
+    CA logs FailedToRevertScaleUp and then deletes the missing server with DeleteNodes."""
+    nova = FakeNova(build_seconds=None)  # a build finishes on activate()
+    with SimulatedOpenStack(nova) as sim:
+        provider = await start(tmp_path, sim)
+        try:
+            async with ca_client(provider.address) as ca:
+                await ca.increase("big", 1)
+                await ca.increase("big", 2)
+                assert await ca.target_size("big") == 3
+                await eventually(lambda: len(ours(sim)) == 3, what="three servers")
+                *up, missing = sorted(ours(sim), key=lambda s: s.created_at)
+                with sim.lock:
+                    for server in up:
+                        nova.activate(server.server_id)
+                await provider.sync()
+                before = {s.server_id: s.status for s in ours(sim)}
+                assert sorted(before.values()) == ["ACTIVE", "ACTIVE", "BUILD"]
+
+                for delta in (-3, -2, -1):
+                    details = await expect_status(FAILED_PRECONDITION, ca.decrease("big", delta))
+                    assert details == (
+                        "attempt to delete existing nodes: node group 'big' has only 0 "
+                        f"unfulfilled creates to cancel, asked for {-delta}; "
+                        "DecreaseTargetSize never deletes servers"
+                    )
+                    assert await ca.target_size("big") == 3
+                    assert {s.server_id: s.status for s in ours(sim)} == before
+
+                # About 10 s later: CA's fake node for the unregistered instance.
+                await ca.delete_fake("big", [provider_id(missing.server_id)], "unregistered")
+                assert await ca.target_size("big") == 2
+                await eventually(
+                    lambda: {s.server_id for s in ours(sim)} == {s.server_id for s in up},
+                    timeout=API_TIMEOUT * 5,
+                    what="the missing server deleted",
+                )
+                await provider.sync()
+                assert await ca.target_size("big") == 2
         finally:
             await provider.stop()
