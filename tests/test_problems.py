@@ -6,7 +6,18 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from osas.domain.problems import Problem, ProblemSettings, ProblemWatch
+from osas.domain.problems import (
+    FAKE_NODE_REASON,
+    GroupProblem,
+    GroupProblemChange,
+    JoinSettings,
+    JoinWatch,
+    Problem,
+    ProblemSettings,
+    ProblemWatch,
+    is_fake_node,
+    never_registered,
+)
 from osas.domain.servers import Fault, Server
 from osas.domain.snapshot import Snapshot
 
@@ -155,3 +166,100 @@ def test_healthy_servers_are_not_looked_at_again():
     world.listing(*(server(f"s{i}") for i in range(1000)), server("b", "BUILD"))
     world.review(0)
     assert world.watch._candidates == {"b"}
+
+
+# -- a node group whose servers CA deletes before they join -------------------------------------
+
+JOIN = JoinSettings(threshold=3, window=7200.0)
+BEFORE_JOINING = GroupProblem.DELETED_BEFORE_JOINING
+
+
+def made(server_id: str, at: float) -> Server:
+    """A server Nova created ``at`` seconds after T0."""
+    return server(server_id, created=datetime.fromtimestamp(T0 + at, UTC).isoformat())
+
+
+def told(changes: list[GroupProblemChange]) -> list[tuple[str, bool, int]]:
+    return [(c.group_id, c.started, c.servers) for c in changes]
+
+
+def test_the_third_server_deleted_before_joining_makes_the_groups_problem_once():
+    watch = JoinWatch(JOIN)
+    assert watch.deleted_unjoined("workers", [made("a", 0)], T0 + 900) == (1, [])
+    assert watch.deleted_unjoined("workers", [made("a", 0)], T0 + 910) == (0, [])  # CA again
+    assert watch.deleted_unjoined("workers", [made("b", 900)], T0 + 1800) == (1, [])
+    assert watch.active() == {}
+    added, changes = watch.deleted_unjoined("workers", [made("c", 1800)], T0 + 2700)
+    assert (added, told(changes)) == (1, [("workers", True, 3)])
+    assert changes[0].problem is BEFORE_JOINING
+    assert changes[0].detail == (
+        "3 servers deleted by CA before they joined within 2h, none created since has joined"
+    )
+    assert watch.active() == {"workers": (3, T0 + 2700)}
+    # Still going on: nothing new to tell.
+    assert watch.deleted_unjoined("workers", [made("d", 2700)], T0 + 3600) == (1, [])
+    assert watch.active() == {"workers": (4, T0 + 2700)}
+    assert watch.active().keys() == {"workers"}
+    assert not watch.watching("gpu")
+
+
+def test_a_server_created_after_them_joining_ends_it_an_older_one_does_not():
+    watch = JoinWatch(JOIN)
+    watch.deleted_unjoined("workers", [made("a", 100), made("b", 100), made("c", 200)], T0 + 1000)
+    assert watch.active() == {"workers": (3, T0 + 1000)}
+    # Nodes that joined before the trouble began are asked about every loop: no news.
+    assert watch.joined("workers", made("old", -3600), T0 + 1010) == []
+    assert watch.joined("workers", made("older", 99), T0 + 1020) == []
+    # A server created with the first two (the same second) joined: they are no evidence.
+    changes = watch.joined("workers", made("sibling", 100), T0 + 1030)
+    assert told(changes) == [("workers", False, 1)]
+    assert changes[0].detail == "server sibling joined"
+    assert changes[0].lasted == 30
+    assert watch.active() == {}
+    assert watch.watching("workers")  # c is still counted
+    assert told(watch.joined("workers", made("e", 300), T0 + 1040)) == []
+    assert not watch.watching("workers")  # nothing left to watch for
+
+
+def test_a_server_osas_had_not_listed_counts_from_its_deletion():
+    """A server known by its id alone (created, not yet listed): created before CA deleted
+    it, so a join of a server created after that deletion ends it, an earlier one does not."""
+    watch = JoinWatch(JoinSettings(threshold=1, window=7200.0))
+    assert told(watch.deleted_unjoined("workers", ["unlisted"], T0 + 600)[1]) == [
+        ("workers", True, 1)
+    ]
+    assert watch.joined("workers", made("x", 500), T0 + 700) == []
+    assert told(watch.joined("workers", made("y", 650), T0 + 800)) == [("workers", False, 0)]
+
+
+def test_the_problem_ends_when_the_deletions_age_past_the_window():
+    watch = JoinWatch(JOIN)
+    watch.deleted_unjoined("workers", [made("a", 0)], T0 + 100)
+    watch.deleted_unjoined("workers", [made("b", 0), made("c", 0)], T0 + 1000)
+    configured = {"workers"}
+    assert watch.review(configured, T0 + 7299) == []
+    changes = watch.review(configured, T0 + 7300)  # a's deletion is 2h old: 2 left
+    assert told(changes) == [("workers", False, 2)]
+    assert changes[0].detail == "fewer than 3 deleted before joining in the last 2h"
+    assert watch.watching("workers")
+    assert watch.review(configured, T0 + 8200) == []  # below the threshold already
+    assert not watch.watching("workers")
+
+
+def test_a_group_no_longer_configured_leaves_its_problem():
+    watch = JoinWatch(JOIN)
+    watch.deleted_unjoined("retired", [made("a", 0), made("b", 0), made("c", 0)], T0)
+    assert watch.review({"retired"}, T0 + 1) == []
+    changes = watch.review({"workers"}, T0 + 2)
+    assert [(c.group_id, c.started, c.detail) for c in changes] == [
+        ("retired", False, "node group no longer configured")
+    ]
+    assert watch.active() == {}
+
+
+def test_cas_fake_nodes_are_told_apart_by_its_annotation():
+    assert never_registered({FAKE_NODE_REASON: "unregistered"})
+    assert not never_registered({FAKE_NODE_REASON: "create-error"})
+    assert not never_registered({"node.alpha.kubernetes.io/ttl": "0"})
+    assert is_fake_node({FAKE_NODE_REASON: "create-error"})
+    assert not is_fake_node({})

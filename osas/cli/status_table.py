@@ -75,6 +75,15 @@ def _quota_line(groups: list[dict[str, Any]]) -> str:
     return "quota headroom: " + ", ".join(parts) + " (MAX is bounded by it)"
 
 
+def _group_problem_lines(status: dict[str, Any]) -> list[str]:
+    """Node groups in a problem (``osas.domain.problems.JoinWatch``), one line each."""
+    return [
+        f"node group {found['group']}: {found['advice']} "
+        f"({found['servers']} in the last {found['window_seconds'] / 3600:g}h)"
+        for found in status.get("group_problems", [])
+    ]
+
+
 def render_status(status: dict[str, Any]) -> str:
     """``/status`` as one screen of text."""
     ready = "ready" if status["ready"] else f"NOT READY: {status['not_ready_reason']}"
@@ -128,5 +137,6 @@ def render_status(status: dict[str, Any]) -> str:
     lines.append(
         "servers needing a person: " + ", ".join(f"{name} {problems[name]}" for name in PROBLEMS)
     )
+    lines += _group_problem_lines(status)
     lines.append(f"certificate reloads refused: {status['rejected_certificate_reloads']}")
     return "\n".join(lines) + "\n"

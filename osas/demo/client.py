@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from osas.domain.problems import FAKE_NODE_REASON
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.protocol import externalgrpc_pb2_grpc as pb_grpc
 
@@ -62,6 +63,20 @@ class CaClient:
         request = pb.NodeGroupDeleteNodesRequest(
             id=group,
             nodes=[pb.ExternalGrpcNode(name=name, providerID=pid) for name, pid in nodes],
+        )
+        await self.stub.NodeGroupDeleteNodes(request, timeout=CA_TIMEOUT)
+
+    async def delete_fake(self, group: str, instance_ids: Sequence[str], reason: str) -> None:
+        """DeleteNodes with CA's fake nodes for instances that have no Node: name = provider
+        id = instance id, and CA's annotation saying why (``unregistered`` past
+        max-node-provision-time, ``create-error`` for instances with error info)."""
+        annotations = {FAKE_NODE_REASON: reason}
+        request = pb.NodeGroupDeleteNodesRequest(
+            id=group,
+            nodes=[
+                pb.ExternalGrpcNode(name=i, providerID=i, annotations=annotations)
+                for i in instance_ids
+            ],
         )
         await self.stub.NodeGroupDeleteNodes(request, timeout=CA_TIMEOUT)
 

@@ -172,7 +172,7 @@ async def play(demo: Demo, ca: CaClient, sim: SimulatedOpenStack) -> None:
     )
     demo.say(f"    errorMessage={info.errorMessage!r}")
     demo.say("    CA deletes the failed instances with fake nodes (name = provider id = id)")
-    await ca.delete(GROUP, [(i.id, i.id) for i in failed])
+    await ca.delete_fake(GROUP, [i.id for i in failed], "create-error")
     demo.say(f"    target size back to {await ca.target_size(GROUP)}")
     sim.nova.faults.max_servers = None
 

@@ -19,12 +19,25 @@ or leaves one, once each:
 The watch sees only what listings bring (``observe``) plus the few servers that can still
 change state by time alone, so a review costs what is building, failing or being deleted, not
 the size of the cluster. Times are wall-clock seconds (Nova's ``created`` is wall-clock too).
+
+One problem belongs to a node group rather than to a server, and ``JoinWatch`` tells it:
+
+- ``deleted-before-joining``: CA deleted ``threshold`` (3) servers of the group as never
+  registered within ``window`` (2 h), and no server of the group created after them has joined
+  since. A broken image or user data looks like this, and CA 1.36 never backs such a group
+  off: it deletes each server after its ``max-node-provision-time`` and asks for another.
+
+osas sees no Kubernetes Node; what CA sends says it all the same. A server "deleted before it
+joined" is one CA named in DeleteNodes with one of its fake nodes for unregistered instances
+(annotation ``k8s.io/cluster-autoscaler/fake-node-reason: unregistered``). A server "joined"
+when CA asks NodeGroupForNode about a Node that is not one of its fakes (no such annotation)
+and whose provider id is that server: CA asks it for every Node it lists, every loop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable
-from dataclasses import dataclass
+from collections.abc import Container, Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
@@ -85,6 +98,12 @@ def _sharing(server: Server, snapshot: Snapshot, marked: Container[str]) -> int:
 
 def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.0f}m"
+
+
+def _span(seconds: float) -> str:
+    """A configured span, in hours when it is whole hours."""
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours:.0f}h" if hours and not rest else _minutes(seconds)
 
 
 class ProblemWatch:
@@ -209,3 +228,155 @@ class ProblemWatch:
             )
         changes.sort(key=lambda c: (c.problem, c.server_id, c.started))
         return changes
+
+
+# CA's annotation on the fake nodes it makes of instances without a Node, and its value for
+# those that never registered (the other, ``create-error``, is for instances with error info).
+FAKE_NODE_REASON = "k8s.io/cluster-autoscaler/fake-node-reason"
+FAKE_NODE_UNREGISTERED = "unregistered"
+
+
+def never_registered(annotations: Mapping[str, str]) -> bool:
+    """A node of a DeleteNodes request that CA made of an instance that never registered."""
+    return annotations.get(FAKE_NODE_REASON) == FAKE_NODE_UNREGISTERED
+
+
+def is_fake_node(annotations: Mapping[str, str]) -> bool:
+    """A node CA made up (of an instance without a Node), not a Node of the cluster."""
+    return FAKE_NODE_REASON in annotations
+
+
+class GroupProblem(StrEnum):
+    DELETED_BEFORE_JOINING = "deleted-before-joining"
+
+
+GROUP_PROBLEM_ADVICE = {
+    GroupProblem.DELETED_BEFORE_JOINING: "servers deleted before they joined: check the image "
+    "and user data",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class JoinSettings:
+    threshold: int = 3  # servers deleted before joining ...
+    window: float = 2 * 3600.0  # ... within this many seconds
+
+
+@dataclass(frozen=True, slots=True)
+class GroupProblemChange:
+    """A node group entered (``started``) or left a problem."""
+
+    problem: GroupProblem
+    group_id: str
+    started: bool
+    servers: int  # servers that make the problem (deleted before joining, in the window)
+    detail: str = ""
+    lasted: float = 0.0  # seconds in the problem, when it ends
+
+
+@dataclass(slots=True)
+class _Streak:
+    # server id -> (when CA deleted it, when it was created: Nova's ``created``, or the
+    # deletion's time when unknown, an upper bound)
+    deleted: dict[str, tuple[float, float]] = field(default_factory=dict)
+    since: float | None = None  # when the problem began; None while below the threshold
+
+
+class JoinWatch:
+    """Per node group, the servers CA deleted before they joined, and whether that makes the
+    group's problem (see the module's docstring for the rule)."""
+
+    def __init__(self, settings: JoinSettings | None = None) -> None:
+        self.settings = settings or JoinSettings()
+        self._streaks: dict[str, _Streak] = {}
+
+    def watching(self, group_id: str) -> bool:
+        """Whether a join in this group can change anything: asked on every NodeGroupForNode,
+        so a dict lookup and nothing more."""
+        return group_id in self._streaks
+
+    def deleted_unjoined(
+        self, group_id: str, servers: Iterable[Server | str], now: float
+    ) -> tuple[int, list[GroupProblemChange]]:
+        """CA deleted these servers of the group before they joined (a server this process
+        has not listed yet is known by its id alone). Returns how many were new to the watch
+        (CA repeats a DeleteNodes whose answer it missed) and the change, if any."""
+        streak = self._streaks.setdefault(group_id, _Streak())
+        added = 0
+        for server in servers:
+            server_id = server if isinstance(server, str) else server.server_id
+            if server_id in streak.deleted:
+                continue
+            created = None if isinstance(server, str) else _created_at(server)
+            streak.deleted[server_id] = (now, now if created is None else created)
+            added += 1
+        return added, self._judge(group_id, streak, now, "")
+
+    def joined(self, group_id: str, server: Server, now: float) -> list[GroupProblemChange]:
+        """A server of the group has a Node: the deletions of servers created before it are no
+        longer evidence (what broke them works again)."""
+        streak = self._streaks.get(group_id)
+        created = _created_at(server)
+        if streak is None or created is None:
+            return []
+        before = len(streak.deleted)
+        streak.deleted = {k: v for k, v in streak.deleted.items() if v[1] > created}
+        if len(streak.deleted) == before:
+            return []
+        return self._judge(group_id, streak, now, f"server {server.server_id} joined")
+
+    def review(self, configured: Container[str], now: float) -> list[GroupProblemChange]:
+        """Deletions older than the window forgotten, groups no longer configured dropped."""
+        changes: list[GroupProblemChange] = []
+        horizon = now - self.settings.window
+        for group_id in list(self._streaks):
+            streak = self._streaks[group_id]
+            if group_id not in configured:
+                streak.deleted.clear()
+                changes += self._judge(group_id, streak, now, "node group no longer configured")
+                continue
+            kept = {k: v for k, v in streak.deleted.items() if v[0] > horizon}
+            if len(kept) != len(streak.deleted):
+                streak.deleted = kept
+                why = (
+                    f"fewer than {self.settings.threshold} deleted before joining in the last "
+                    f"{_span(self.settings.window)}"
+                )
+                changes += self._judge(group_id, streak, now, why)
+        return changes
+
+    def active(self) -> dict[str, tuple[int, float]]:
+        """Group id -> (servers deleted before joining in the window, when the problem began),
+        for every group in the problem now."""
+        return {
+            group_id: (len(streak.deleted), streak.since)
+            for group_id, streak in self._streaks.items()
+            if streak.since is not None
+        }
+
+    def _judge(
+        self, group_id: str, streak: _Streak, now: float, why_over: str
+    ) -> list[GroupProblemChange]:
+        count = len(streak.deleted)
+        holds = count >= self.settings.threshold
+        change: list[GroupProblemChange] = []
+        problem = GroupProblem.DELETED_BEFORE_JOINING
+        if holds and streak.since is None:
+            streak.since = now
+            detail = (
+                f"{count} servers deleted by CA before they joined within "
+                f"{_span(self.settings.window)}, none created since has joined"
+            )
+            change.append(
+                GroupProblemChange(problem, group_id, started=True, servers=count, detail=detail)
+            )
+        elif not holds and streak.since is not None:
+            lasted, streak.since = now - streak.since, None
+            change.append(
+                GroupProblemChange(
+                    problem, group_id, started=False, servers=count, detail=why_over, lasted=lasted
+                )
+            )
+        if not streak.deleted:
+            del self._streaks[group_id]
+        return change

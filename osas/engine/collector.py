@@ -10,7 +10,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from osas.domain.inventory import Inventory
-from osas.domain.problems import Problem
+from osas.domain.problems import GroupProblem, Problem
 from osas.engine.queue import TaskQueue
 from osas.engine.reconciler import Reconciler
 from osas.engine.status import CREATE_STATES, SERVER_STATES, Census
@@ -100,6 +100,18 @@ class EngineCollector(Collector):
             for problem in Problem:
                 problems.add_metric([group, problem.value], counts.get((group, problem), 0))
         yield problems
+        group_problems = _gauge(
+            "osas_group_problems",
+            "1 while a node group is in a problem (deleted-before-joining: CA deletes its "
+            "servers before they join), else 0.",
+            ["group", "problem"],
+        )
+        unjoined = self._reconciler.unjoined.active()
+        for group in sorted(groups | unjoined.keys()):
+            group_problems.add_metric(
+                [group, GroupProblem.DELETED_BEFORE_JOINING.value], int(group in unjoined)
+            )
+        yield group_problems
 
     def _groups(self) -> Iterator[Metric]:
         inventory, census = self._inventory, self._census

@@ -7,6 +7,7 @@ Mutations log nothing themselves: what they decided is bound to the call's log c
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Container, Mapping
 from decimal import Decimal
 
@@ -16,16 +17,18 @@ from structlog.contextvars import bind_contextvars
 
 from osas.cloud.errors import CloudUnavailable
 from osas.domain.errors import NodeNotFound, NotReady, NotSupported, PreconditionFailed
+from osas.domain.ids import ServerNode, parse_node
 from osas.domain.inventory import Instance, Inventory
 from osas.domain.ledger import DeleteOutcome, DeletePlan, Orders
 from osas.domain.limits import NodeInfo, check_node, check_nodes
 from osas.domain.options import AutoscalingOptions, group_options, options_refusal
 from osas.domain.pricing import node_price, pod_price
+from osas.domain.problems import is_fake_node, never_registered
 from osas.domain.sizing import plan_decrease, plan_delete, plan_increase, require_group
 from osas.domain.specs import ClusterSpec, NodeGroupSpec
 from osas.domain.template import LABEL_INSTANCE_TYPE, NodeTemplate, build_template
 from osas.engine.deletes import ServerDeleter
-from osas.engine.events import carry_out
+from osas.engine.events import carry_out, log_group_problems
 from osas.engine.metrics import EngineMetrics
 from osas.engine.queue import CreateTask, TaskQueue
 from osas.engine.reconciler import Reconciler
@@ -126,7 +129,30 @@ class Controller:
 
     def node_group_for_node(self, node: NodeInfo) -> NodeGroupSpec | None:
         self.check_ready()
-        return self._group_of(node)
+        spec = self._group_of(node)
+        if spec is not None and self.reconciler.unjoined.watching(spec.group_id):
+            self._seen_joined(spec.group_id, node)
+        return spec
+
+    def _seen_joined(self, group_id: str, node: NodeInfo) -> None:
+        """CA asks NodeGroupForNode of every Node it lists: one that is not a fake of its
+        own, with a server's provider id, says that server joined the cluster."""
+        if is_fake_node(node.annotations):
+            return
+        server_id = self.cluster.provider_ids.parse(node.provider_id)
+        server = None if server_id is None else self.inventory.snapshot.get(server_id)
+        if server is not None:
+            changes = self.reconciler.unjoined.joined(group_id, server, time.time())
+            log_group_problems(changes, self._metrics)
+
+    def count_unjoined(self, group_id: str, server_ids: list[str]) -> None:
+        """Servers CA is deleting as never registered: told to the join watch, counted."""
+        snapshot = self.inventory.snapshot
+        servers = [snapshot.get(server_id) or server_id for server_id in server_ids]
+        added, changes = self.reconciler.unjoined.deleted_unjoined(group_id, servers, time.time())
+        if self._metrics is not None and added:
+            self._metrics.deleted_before_joining.labels(group_id).inc(added)
+        log_group_problems(changes, self._metrics)
 
     def _group_of(self, node: NodeInfo) -> NodeGroupSpec | None:
         check_node(node)
@@ -272,6 +298,7 @@ class NodeGroupView:
         inventory = controller.inventory
         check_nodes(nodes)
         pairs = [(node.name, node.provider_id) for node in nodes]
+        unregistered = _never_registered_servers(nodes, controller.cluster)
         plan = plan_delete(controller.cluster, inventory, group_id, pairs)
         budget = controller.delete_budget(time_left)
         begun = anyio.current_time()
@@ -297,6 +324,10 @@ class NodeGroupView:
         ledger = inventory.ledger
         orders = ledger.accept_delete(plan, anyio.current_time())
         controller.carry_out(orders, sent_by_caller=set(plan.servers))
+        unjoined = [server_id for server_id in plan.servers if server_id in unregistered]
+        if unjoined:
+            controller.count_unjoined(group_id, unjoined)
+            bind_contextvars(never_registered=len(unjoined))
         bind_contextvars(
             servers=len(plan.servers),
             failed_creates=len(plan.failures),
@@ -351,6 +382,17 @@ class NodeGroupView:
         plan = plan_decrease(controller.cluster, inventory, group_id, delta)
         inventory.ledger.accept_decrease(plan, anyio.current_time())
         bind_contextvars(delta=delta, target=inventory.target_size(group_id))
+
+
+def _never_registered_servers(nodes: list[NodeInfo], cluster: ClusterSpec) -> set[str]:
+    """The servers CA names with its fake nodes for instances that never registered."""
+    found: set[str] = set()
+    for node in nodes:
+        if never_registered(node.annotations):
+            ref = parse_node(node.name, node.provider_id, cluster.provider_ids)
+            if isinstance(ref, ServerNode):
+                found.add(ref.server_id)
+    return found
 
 
 def _listed(server_ids: Mapping[str, object] | tuple[str, ...]) -> str:

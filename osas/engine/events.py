@@ -10,7 +10,7 @@ from collections.abc import Container
 import structlog
 
 from osas.domain.ledger import DeleteReason, EventKind, Orders
-from osas.domain.problems import ProblemChange
+from osas.domain.problems import GROUP_PROBLEM_ADVICE, GroupProblemChange, ProblemChange
 from osas.engine.metrics import EngineMetrics
 from osas.engine.queue import TaskQueue, delete_tasks
 
@@ -83,25 +83,33 @@ def carry_out(
         logger.warning("queue full; deletes postponed", servers=len(left_out))
 
 
+def _tell(change: ProblemChange | GroupProblemChange, what: str, **about: object) -> None:
+    """A problem begun (warning: someone should look) or over (info)."""
+    fields = {"problem": change.problem.value, "group": change.group_id, **about}
+    if change.started:
+        logger.warning(what, **fields, detail=change.detail)
+    else:
+        over = what + " over"
+        logger.info(over, **fields, detail=change.detail, lasted_seconds=round(change.lasted))
+
+
 def log_problems(changes: list[ProblemChange], metrics: EngineMetrics | None = None) -> None:
     """One line when a server enters a problem state, one when it leaves it."""
     if metrics is not None:
         metrics.record_problems(changes)
     for change in changes:
+        _tell(change, "server problem", server_id=change.server_id)
+
+
+def log_group_problems(
+    changes: list[GroupProblemChange], metrics: EngineMetrics | None = None
+) -> None:
+    """One line when a node group enters a problem, one when it leaves it."""
+    if metrics is not None:
+        metrics.record_group_problems(changes)
+    for change in changes:
         if change.started:
-            logger.warning(
-                "server problem",
-                problem=change.problem.value,
-                group=change.group_id,
-                server_id=change.server_id,
-                detail=change.detail,
-            )
+            advice = GROUP_PROBLEM_ADVICE[change.problem]
+            _tell(change, "node group problem", servers=change.servers, advice=advice)
         else:
-            logger.info(
-                "server problem over",
-                problem=change.problem.value,
-                group=change.group_id,
-                server_id=change.server_id,
-                detail=change.detail,
-                lasted_seconds=round(change.lasted),
-            )
+            _tell(change, "node group problem")

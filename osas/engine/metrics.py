@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from osas.domain.ledger import DeleteReason, EventKind, Orders
-from osas.domain.problems import Problem, ProblemChange
+from osas.domain.problems import GroupProblem, GroupProblemChange, Problem, ProblemChange
 from osas.domain.specs import ClusterSpec
 
 # The ledger's events that end a create, and the result they count as.
@@ -88,6 +88,19 @@ class EngineMetrics:
             ["problem"],
             registry=registry,
         )
+        self.deleted_before_joining = Counter(
+            "osas_servers_deleted_before_joining",
+            "Servers CA deleted as never registered (its fake nodes for unregistered "
+            "instances), by node group.",
+            ["group"],
+            registry=registry,
+        )
+        self.group_problems_detected = Counter(
+            "osas_group_problems_detected",
+            "Times a node group entered a problem: deleted-before-joining.",
+            ["group", "problem"],
+            registry=registry,
+        )
         for kind in SYNC_KINDS:
             self.sync_duration.labels(kind)
             self.sync_failures.labels(kind)
@@ -106,6 +119,9 @@ class EngineMetrics:
                 self.delete_orders.labels(group, reason.value)
             for event in EventKind:
                 self.ledger_events.labels(group, event.value)
+            self.deleted_before_joining.labels(group)
+            for group_problem in GroupProblem:
+                self.group_problems_detected.labels(group, group_problem.value)
 
     def record_orders(self, orders: Orders) -> None:
         for event in orders.events:
@@ -133,3 +149,8 @@ class EngineMetrics:
         for change in changes:
             if change.started:
                 self.problems_detected.labels(change.problem.value).inc()
+
+    def record_group_problems(self, changes: Iterable[GroupProblemChange]) -> None:
+        for change in changes:
+            if change.started:
+                self.group_problems_detected.labels(change.group_id, change.problem.value).inc()

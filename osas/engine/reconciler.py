@@ -32,10 +32,10 @@ from osas.cloud.errors import CloudError, CredentialsRefused
 from osas.cloud.port import Cloud, ServerListing
 from osas.domain.inventory import Inventory
 from osas.domain.ledger import Orders
-from osas.domain.problems import ProblemSettings, ProblemWatch
+from osas.domain.problems import JoinWatch, ProblemSettings, ProblemWatch
 from osas.domain.servers import Flavor, OwnershipMarks, Server, ServerRecord
 from osas.domain.specs import NodeGroupSpec
-from osas.engine.events import carry_out, log_problems
+from osas.engine.events import carry_out, log_group_problems, log_problems
 from osas.engine.metrics import EngineMetrics
 from osas.engine.queue import TaskQueue
 from osas.engine.settings import EngineSettings
@@ -136,6 +136,9 @@ class Reconciler:
                 settings.reconcile.stuck_build_after, settings.reconcile.stuck_delete_after
             )
         )
+        # Node groups whose servers CA deletes before they join: told by DeleteNodes and
+        # NodeGroupForNode (the controller), aged here.
+        self.unjoined = JoinWatch()
 
     def nudge(self) -> None:
         """Ask for a sync soon (Refresh does this); never waits."""
@@ -233,10 +236,12 @@ class Reconciler:
         if self._metrics is not None:
             self._metrics.record_sync(full=full, seconds=time.perf_counter() - begun)
         configured = {spec.group_id for spec in self._inventory.cluster.node_groups}
+        now = time.time()
         changes = self.problems.review(
-            self._inventory.snapshot, self._ledger.deleting_ids(), configured, time.time()
+            self._inventory.snapshot, self._ledger.deleting_ids(), configured, now
         )
         log_problems(changes, self._metrics)
+        log_group_problems(self.unjoined.review(configured, now), self._metrics)
         if full:
             logger.info(
                 "complete listing applied",

@@ -7,6 +7,7 @@ watch; it is what the metrics say, gathered per node group.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +16,7 @@ import anyio.lowlevel
 
 from osas.domain.inventory import Inventory
 from osas.domain.ledger import CreateState, Ledger
-from osas.domain.problems import Problem
+from osas.domain.problems import GROUP_PROBLEM_ADVICE, GroupProblem, Problem
 from osas.domain.servers import Server, classify_fault
 from osas.engine.queue import TaskQueue
 from osas.engine.reconciler import Reconciler
@@ -149,6 +150,23 @@ def _headroom(inventory: Inventory, group_id: str) -> dict[str, Any] | None:
     return {"servers": headroom.count, **headroom.by_resource}
 
 
+def _group_problems(reconciler: Reconciler, now: float) -> list[dict[str, Any]]:
+    """Node groups in a problem now, each with what to look at."""
+    problem = GroupProblem.DELETED_BEFORE_JOINING
+    window = reconciler.unjoined.settings.window
+    return [
+        {
+            "group": group_id,
+            "problem": problem.value,
+            "servers": servers,
+            "window_seconds": window,
+            "for_seconds": round(max(0.0, now - since), 1),
+            "advice": GROUP_PROBLEM_ADVICE[problem],
+        }
+        for group_id, (servers, since) in sorted(reconciler.unjoined.active().items())
+    ]
+
+
 def build_status(sources: StatusSources) -> dict[str, Any]:
     """The ``/status`` document."""
     inventory, census, queue = sources.inventory, sources.census, sources.queue
@@ -200,5 +218,6 @@ def build_status(sources: StatusSources) -> dict[str, Any]:
         },
         "groups": groups,
         "problems": problems,
+        "group_problems": _group_problems(sources.reconciler, time.time()),
         "rejected_certificate_reloads": sources.rejected_certificate_reloads(),
     }
