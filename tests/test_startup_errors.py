@@ -298,6 +298,18 @@ def test_several_config_problems_on_one_line(tmp_path):
     assert "queue.workers" in line
 
 
+def test_a_key_given_twice_stops_serve_with_both_lines(tmp_path):
+    config = tmp_path / "osas.yaml"
+    text = yaml.safe_dump(config_data()) + "cluster_name: other\n"
+    config.write_text(text, encoding="utf-8")
+    first, again = (n for n, line in enumerate(text.splitlines(), 1) if line.startswith("cluster_"))
+    line = serve(config).one_line(EXIT_CONFIG)
+    assert line == (
+        f"osas: configuration error: {config}: cluster_name: duplicate key at lines {first} and "
+        f"{again} (YAML would keep the last and drop the others unseen); keep one"
+    )
+
+
 # -- check-config --------------------------------------------------------------------------------
 
 
