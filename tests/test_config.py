@@ -707,6 +707,81 @@ def test_keys_that_override_a_merged_mapping_are_not_given_twice(tmp_path):
     ]
 
 
+# --- user data files ---------------------------------------------------------------------------
+
+
+def user_data_files(tmp_path: Path, template: Path, token: Path) -> dict[str, Any]:
+    """The valid config with the workers' user data read from ``template`` and ``token``."""
+    data = config_data()
+    workers = data["node_groups"][0]
+    del workers["user_data"]
+    workers.update(user_data_file=str(template), user_data_vars={"join_token": str(token)})
+    return data
+
+
+def unusable_file(tmp_path: Path, kind: str) -> tuple[Path, str]:
+    """A file of ``kind`` that cannot be user data, and why osas says so."""
+    path = tmp_path / kind
+    if kind == "missing":
+        return path, "does not exist"
+    if kind == "a folder":
+        path.mkdir()
+        return path, "cannot be read: Is a directory"
+    if kind == "too large":
+        path.write_text("x" * 65_536)
+        return path, "is 65536 bytes; user data is at most 65535 bytes once base64-encoded"
+    path.write_bytes(b"token: caf\xe9")
+    return path, "is not UTF-8 text (byte 10)"
+
+
+@pytest.mark.parametrize("kind", ["missing", "a folder", "too large", "not UTF-8"])
+@pytest.mark.parametrize("key", ["user_data_file", "user_data_vars.join_token"])
+def test_a_user_data_file_that_cannot_be_read_is_refused_at_load(tmp_path, key, kind):
+    """Not left for the first create to find: serve refuses to start, a reload is rejected,
+    check-config stops, all with this line."""
+    (tmp_path / "template").write_text("#cloud-config\n# ${join_token}\n")
+    (tmp_path / "token").write_text("abcdef.0123456789abcdef\n")
+    bad, reason = unusable_file(tmp_path, kind)
+    template, token = (
+        (bad, tmp_path / "token") if key == "user_data_file" else (tmp_path / "template", bad)
+    )
+    expect_problem(tmp_path, user_data_files(tmp_path, template, token), f"{WORKERS}.{key}",
+                   f"{bad} {reason}")  # fmt: skip
+
+
+def test_every_unreadable_user_data_file_is_reported_together(tmp_path):
+    data = user_data_files(tmp_path, tmp_path / "template", tmp_path / "token")
+    data["node_groups"][1]["user_data_file"] = str(tmp_path / "gpu-template")
+    path = write_config(tmp_path, data)
+    assert problems(path) == [
+        f"{path}: {WORKERS}.user_data_file: {tmp_path / 'template'} does not exist",
+        f"{path}: {WORKERS}.user_data_vars.join_token: {tmp_path / 'token'} does not exist",
+        f"{path}: {GPU}.user_data_file: {tmp_path / 'gpu-template'} does not exist",
+    ]
+
+
+def test_user_data_files_are_read_where_osas_runs_and_never_shown(tmp_path, monkeypatch):
+    secret = "abcdef.0123456789abcdef"
+    (tmp_path / "bootstrap").mkdir()
+    (tmp_path / "bootstrap" / "template").write_text("#cloud-config\n# ${join_token}\n")
+    (tmp_path / "bootstrap" / "token").write_text(secret)
+    monkeypatch.chdir(tmp_path)
+    relative = user_data_files(tmp_path, Path("bootstrap/template"), Path("bootstrap/token"))
+    assert load(tmp_path, relative).node_groups[0].user_data_file == Path("bootstrap/template")
+    (tmp_path / "bootstrap" / "template").write_bytes(b"\xff" + secret.encode())
+    assert secret not in "\n".join(problems(write_config(tmp_path, relative)))
+
+
+def test_a_configuration_for_another_machine_loads_without_its_files(tmp_path):
+    """The chart's rendered configuration names the files of the pod's mounted Secret."""
+    data = user_data_files(tmp_path, Path("/etc/osas/bootstrap/u"), Path("/etc/osas/bootstrap/t"))
+    path = write_config(tmp_path, data)
+    config = load_config(path, read_files=False)
+    assert config.node_groups[0].user_data_file == Path("/etc/osas/bootstrap/u")
+    with pytest.raises(ConfigError, match="/etc/osas/bootstrap/u does not exist"):
+        load_config(path)
+
+
 # --- several problems ------------------------------------------------------------------------
 
 

@@ -310,6 +310,23 @@ def test_a_key_given_twice_stops_serve_with_both_lines(tmp_path):
     )
 
 
+def test_a_missing_user_data_file_stops_serve_and_check_config_alike(tmp_path):
+    """Found at start, not by the first create; check-config, which found it before, now
+    stops on the same configuration error, with the same words and exit code."""
+    data = config_data()
+    data["node_groups"][1]["user_data_file"] = str(tmp_path / "bootstrap" / "user-data")
+    config = write_config(tmp_path, data)
+    problem = (
+        f"{config}: node_groups[1](gpu).user_data_file: {tmp_path / 'bootstrap' / 'user-data'} "
+        "does not exist"
+    )
+    line = serve(config).one_line(EXIT_CONFIG)
+    assert line == f"osas: configuration error: {problem}"
+    checked = osas("check-config", "--config", str(config))
+    assert checked.code == EXIT_CONFIG, checked.stdout + checked.stderr
+    assert checked.stderr == f"osas check-config: configuration error: {problem}\n"
+
+
 # -- check-config --------------------------------------------------------------------------------
 
 

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsError
 
 from osas.config.schema import ENV_PREFIX, KeyClash, OsasConfig
+from osas.engine.userdata import SecretFiles, UserDataError
 
 CONFIG_ENV = f"{ENV_PREFIX}CONFIG"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
@@ -175,10 +176,12 @@ def _where(loc: Location, data: dict[str, Any]) -> str:
     return "".join(parts) or "(top level)"
 
 
-def load_config(path: Path) -> OsasConfig:
+def load_config(path: Path, *, read_files: bool = True) -> OsasConfig:
     """Read and validate the configuration. Problems with single keys are all reported at once
     in ConfigError; checks across keys (duplicate ids, tls vs insecure) follow once the keys
-    themselves are valid."""
+    themselves are valid, and then every file a node group's user data is read from must be
+    readable as user data. ``read_files=False`` leaves those files alone: a configuration
+    written for another machine (the chart's, rendered) checked here."""
     document = _read_yaml(path)
     data = document.data
 
@@ -210,6 +213,9 @@ def load_config(path: Path) -> OsasConfig:
                 reason += _clash_lines(loc, first, document)
             problems.append(f"{path}: {_where(loc, data)}: {reason}{_env_hint(loc)}")
         raise ConfigError("\n".join(problems)) from exc
+    unreadable = _unreadable_user_data(config, data) if read_files else []
+    if unreadable:
+        raise ConfigError("\n".join(f"{path}: {problem}" for problem in unreadable))
     return config
 
 
@@ -228,6 +234,28 @@ def _line(at: Location, document: _Document) -> int:
     while at and at not in document.lines:
         at = at[:-1]
     return document.lines.get(at, 1)
+
+
+def _unreadable_user_data(config: OsasConfig, data: dict[str, Any]) -> list[str]:
+    """Each file a node group's user data is read from that cannot be (missing, unreadable,
+    too large, not UTF-8), said as a create would say it: otherwise osas would start, or
+    take a reload, and then fail every create of the group."""
+    files = SecretFiles()
+    sources: list[tuple[Location, Path]] = []
+    for index, group in enumerate(config.node_groups):
+        if group.user_data_file is not None:
+            sources.append((("node_groups", index, "user_data_file"), group.user_data_file))
+        sources += [
+            (("node_groups", index, "user_data_vars", name), file)
+            for name, file in group.user_data_vars.items()
+        ]
+    problems = []
+    for at, file in sources:
+        try:
+            files.read(str(file), _where(at, data))
+        except UserDataError as exc:
+            problems.append(f"{exc}{_env_hint(at)}")
+    return problems
 
 
 def _env_hint(loc: Location) -> str:
