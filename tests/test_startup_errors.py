@@ -327,6 +327,19 @@ def test_a_missing_user_data_file_stops_serve_and_check_config_alike(tmp_path):
     assert checked.stderr == f"osas check-config: configuration error: {problem}\n"
 
 
+def test_osas_status_reads_only_the_port_of_a_file_whose_user_data_files_are_elsewhere(tmp_path):
+    """`osas status --config` on a host where the pod's mounted Secret is not: the file still
+    tells where osas answers."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # nothing listens there once closed
+    data = config_data(metrics_listen=f"127.0.0.1:{port}")
+    data["node_groups"][1]["user_data_file"] = "/etc/osas/bootstrap/user-data"
+    outcome = osas("status", "--config", str(write_config(tmp_path, data)))
+    assert outcome.code == EXIT_CLOUD, outcome.stderr
+    assert outcome.stderr.startswith(f"osas status: no answer from http://127.0.0.1:{port}/status")
+
+
 # -- check-config --------------------------------------------------------------------------------
 
 
