@@ -4,6 +4,7 @@ environment overrides, and how `osas serve` refuses a bad file."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from datetime import timedelta
@@ -89,6 +90,12 @@ def load(tmp_path: Path, data: dict[str, Any]) -> OsasConfig:
     return load_config(write_config(tmp_path, data))
 
 
+def lines_of(path: Path, start: str) -> list[int]:
+    """The numbers of the lines of ``path`` that begin with ``start``."""
+    text = path.read_text(encoding="utf-8")
+    return [number for number, line in enumerate(text.splitlines(), 1) if line.startswith(start)]
+
+
 # --- node groups ---------------------------------------------------------------------------
 
 
@@ -113,10 +120,28 @@ def test_negative_size(tmp_path, key):
     expect_problem(tmp_path, data, f"{WORKERS}.{key}", "greater than or equal to 0")
 
 
-def test_duplicate_node_group_ids(tmp_path):
+def test_duplicate_node_group_ids_are_located_at_the_second_with_both_lines(tmp_path):
     data = config_data()
     data["node_groups"][1]["id"] = "workers"
-    expect_problem(tmp_path, data, "(top level)", "duplicate node group id 'workers'")
+    path = write_config(tmp_path, data)
+    first, second = lines_of(path, "  id: workers")
+    expect_problem(
+        tmp_path,
+        data,
+        "node_groups[1](workers).id",
+        f"duplicate node group id 'workers' (line {second}; first at "
+        f"node_groups[0](workers).id, line {first})",
+    )
+
+
+def test_a_duplicate_id_set_from_the_environment_is_located_without_lines(tmp_path, monkeypatch):
+    groups = [config_data()["node_groups"][0]] * 2
+    monkeypatch.setenv("OSAS_NODE_GROUPS", json.dumps(groups))
+    [line] = problems(write_config(tmp_path, config_data()))
+    assert line.endswith(
+        ".id: duplicate node group id 'workers' (first at node_groups[0](workers).id) "
+        "(from OSAS_NODE_GROUPS)"
+    ), line
 
 
 @pytest.mark.parametrize(
@@ -601,6 +626,160 @@ def test_top_level_key_that_is_not_a_string(tmp_path, line):
     path = tmp_path / "osas.yaml"
     path.write_text(yaml.safe_dump(config_data()) + line, encoding="utf-8")
     assert problems(path)[0].startswith(f"{path}: ")
+
+
+# --- a key given twice ------------------------------------------------------------------------
+
+REPEATED = "(YAML would keep the last and drop the others unseen); keep one"
+
+
+def test_a_top_level_key_given_three_times_is_refused_with_every_line(tmp_path):
+    path = tmp_path / "osas.yaml"
+    text = "cluster_name: first\n" + yaml.safe_dump(config_data()) + "cluster_name: third\n"
+    path.write_text(text, encoding="utf-8")
+    one, two, three = lines_of(path, "cluster_name:")
+    assert problems(path) == [
+        f"{path}: cluster_name: duplicate key at lines {one}, {two} and {three} {REPEATED}"
+    ]
+
+
+def test_a_second_node_groups_block_is_refused_not_dropped(tmp_path):
+    path = tmp_path / "osas.yaml"
+    data = config_data()
+    second = {"node_groups": [data["node_groups"].pop()]}
+    path.write_text(yaml.safe_dump(data) + yaml.safe_dump(second), encoding="utf-8")
+    first, again = lines_of(path, "node_groups:")
+    assert problems(path) == [
+        f"{path}: node_groups: duplicate key at lines {first} and {again} {REPEATED}"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("line", "again", "where"),
+    [
+        ("  image: ubuntu-24.04", "  image: debian-13", f"{WORKERS}.image"),
+        ("    pool: workers", "    pool: spare", f"{WORKERS}.labels.pool"),
+        ("    count: 1", "    count: 2", f"{GPU}.gpu.count"),
+        ("  - effect: NoSchedule", "    effect: NoExecute", f"{GPU}.taints[0].effect"),
+        ("  interval: 1h", "  interval: 2h", "reconcile.interval"),
+    ],
+)
+def test_a_key_given_twice_at_any_depth_is_refused_with_both_lines(tmp_path, line, again, where):
+    path = tmp_path / "osas.yaml"
+    text = yaml.safe_dump(config_data()).replace(f"{line}\n", f"{line}\n{again}\n", 1)
+    path.write_text(text, encoding="utf-8")
+    first = lines_of(path, line)[0]
+    assert problems(path) == [
+        f"{path}: {where}: duplicate key at lines {first} and {first + 1} {REPEATED}"
+    ]
+
+
+def test_every_key_given_twice_is_reported_in_file_order(tmp_path):
+    path = tmp_path / "osas.yaml"
+    text = yaml.safe_dump(config_data(metrics_listen="127.0.0.1:0"))
+    text = text.replace("  labels:\n    pool: workers\n", "  labels: {pool: a, pool: b}\n")
+    text += "metrics_listen: 127.0.0.1:0\n"
+    path.write_text(text, encoding="utf-8")
+    [labels] = lines_of(path, "  labels: {pool")
+    first, again = lines_of(path, "metrics_listen:")
+    assert first < labels < again  # reported in the order of their first occurrence
+    assert problems(path) == [
+        f"{path}: metrics_listen: duplicate key at lines {first} and {again} {REPEATED}",
+        (
+            f"{path}: {WORKERS}.labels.pool: duplicate key at line {labels}, column 12 and "
+            f"line {labels}, column 21 {REPEATED}"
+        ),
+    ]
+
+
+def test_keys_that_override_a_merged_mapping_are_not_given_twice(tmp_path):
+    """``<<: *base`` then the keys that differ: YAML's own way to share, not a repetition."""
+    path = tmp_path / "osas.yaml"
+    data = config_data()
+    workers = yaml.safe_dump({"node_groups": [data.pop("node_groups")[0]]})
+    text = yaml.safe_dump(data) + workers.replace("- flavor:", "- &base\n  flavor:")
+    text += "- <<: *base\n  id: more\n  flavor: m1.large\n  labels: {pool: more}\n"
+    path.write_text(text, encoding="utf-8")
+    groups = load_config(path).node_groups
+    assert [(g.group_id, g.flavor, g.labels) for g in groups] == [
+        ("workers", "m1.medium", {"pool": "workers"}),
+        ("more", "m1.large", {"pool": "more"}),
+    ]
+
+
+# --- user data files ---------------------------------------------------------------------------
+
+
+def user_data_files(tmp_path: Path, template: Path, token: Path) -> dict[str, Any]:
+    """The valid config with the workers' user data read from ``template`` and ``token``."""
+    data = config_data()
+    workers = data["node_groups"][0]
+    del workers["user_data"]
+    workers.update(user_data_file=str(template), user_data_vars={"join_token": str(token)})
+    return data
+
+
+def unusable_file(tmp_path: Path, kind: str) -> tuple[Path, str]:
+    """A file of ``kind`` that cannot be user data, and why osas says so."""
+    path = tmp_path / kind
+    if kind == "missing":
+        return path, "does not exist"
+    if kind == "a folder":
+        path.mkdir()
+        return path, "cannot be read: Is a directory"
+    if kind == "too large":
+        path.write_text("x" * 65_536)
+        return path, "is 65536 bytes; user data is at most 65535 bytes once base64-encoded"
+    path.write_bytes(b"token: caf\xe9")
+    return path, "is not UTF-8 text (byte 10)"
+
+
+@pytest.mark.parametrize("kind", ["missing", "a folder", "too large", "not UTF-8"])
+@pytest.mark.parametrize("key", ["user_data_file", "user_data_vars.join_token"])
+def test_a_user_data_file_that_cannot_be_read_is_refused_at_load(tmp_path, key, kind):
+    """Not left for the first create to find: serve refuses to start, a reload is rejected,
+    check-config stops, all with this line."""
+    (tmp_path / "template").write_text("#cloud-config\n# ${join_token}\n")
+    (tmp_path / "token").write_text("abcdef.0123456789abcdef\n")
+    bad, reason = unusable_file(tmp_path, kind)
+    template, token = (
+        (bad, tmp_path / "token") if key == "user_data_file" else (tmp_path / "template", bad)
+    )
+    expect_problem(tmp_path, user_data_files(tmp_path, template, token), f"{WORKERS}.{key}",
+                   f"{bad} {reason}")  # fmt: skip
+
+
+def test_every_unreadable_user_data_file_is_reported_together(tmp_path):
+    data = user_data_files(tmp_path, tmp_path / "template", tmp_path / "token")
+    data["node_groups"][1]["user_data_file"] = str(tmp_path / "gpu-template")
+    path = write_config(tmp_path, data)
+    assert problems(path) == [
+        f"{path}: {WORKERS}.user_data_file: {tmp_path / 'template'} does not exist",
+        f"{path}: {WORKERS}.user_data_vars.join_token: {tmp_path / 'token'} does not exist",
+        f"{path}: {GPU}.user_data_file: {tmp_path / 'gpu-template'} does not exist",
+    ]
+
+
+def test_user_data_files_are_read_where_osas_runs_and_never_shown(tmp_path, monkeypatch):
+    secret = "abcdef.0123456789abcdef"
+    (tmp_path / "bootstrap").mkdir()
+    (tmp_path / "bootstrap" / "template").write_text("#cloud-config\n# ${join_token}\n")
+    (tmp_path / "bootstrap" / "token").write_text(secret)
+    monkeypatch.chdir(tmp_path)
+    relative = user_data_files(tmp_path, Path("bootstrap/template"), Path("bootstrap/token"))
+    assert load(tmp_path, relative).node_groups[0].user_data_file == Path("bootstrap/template")
+    (tmp_path / "bootstrap" / "template").write_bytes(b"\xff" + secret.encode())
+    assert secret not in "\n".join(problems(write_config(tmp_path, relative)))
+
+
+def test_a_configuration_for_another_machine_loads_without_its_files(tmp_path):
+    """The chart's rendered configuration names the files of the pod's mounted Secret."""
+    data = user_data_files(tmp_path, Path("/etc/osas/bootstrap/u"), Path("/etc/osas/bootstrap/t"))
+    path = write_config(tmp_path, data)
+    config = load_config(path, read_files=False)
+    assert config.node_groups[0].user_data_file == Path("/etc/osas/bootstrap/u")
+    with pytest.raises(ConfigError, match="/etc/osas/bootstrap/u does not exist"):
+        load_config(path)
 
 
 # --- several problems ------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from packaging.utils import canonicalize_name
 
 import osas
@@ -233,3 +234,39 @@ def test_the_credential_rotation_is_written_once_and_linked_from_the_other_pages
             assert "application credential delete" not in text, name
     for name in ("install.md", "openstack.md"):
         assert procedure in pages[name], name
+
+
+def test_every_group_of_a_shipped_configuration_carries_the_label_its_nodes_register():
+    """The install page's kubelet arguments register each node with the label the chart adds
+    to its group's template (``managedNodes.label``); a configuration written without the chart
+    names it itself, or CA's template for the group differs from its nodes."""
+    values = yaml.safe_load((ROOT / "charts" / "osas" / "values.yaml").read_text())
+    label = values["managedNodes"]["label"]
+    install = (ROOT / "docs" / "install.md").read_text()
+    assert f"--node-labels={label}=${{node_group}}" in install
+    assert f'node-label: ["{label}=${{node_group}}"]' in install
+    readme = (ROOT / "README.md").read_text()
+    written = {
+        "README.md": [
+            block
+            for block in re.findall(r"^```yaml\n(.*?)^```", readme, flags=re.DOTALL | re.MULTILINE)
+            if "node_groups:" in block
+        ],
+        **{
+            str(path.relative_to(ROOT)): [path.read_text()]
+            for path in (
+                ROOT / "examples" / "osas.yaml",
+                ROOT / "deploy/overlays/example/osas.yaml",
+            )
+        },
+    }
+    for where, texts in written.items():
+        groups = [
+            group
+            for text in texts
+            for document in yaml.safe_load_all(text)
+            for group in (document or {}).get("node_groups", [])
+        ]
+        assert groups, where
+        for group in groups:
+            assert group.get("labels", {}).get(label) == group["id"], (where, group["id"])

@@ -81,7 +81,22 @@ async def test_groups_added_changed_and_removed_show_after_the_next_refresh(tmp_
         await provider.stop()
 
 
-async def test_a_broken_file_changes_nothing(tmp_path):
+def rejections(caplog) -> list[str]:
+    """The reasons of the rejected reloads logged so far."""
+    return [
+        record.msg["reason"]
+        for record in caplog.records
+        if isinstance(record.msg, dict)
+        and record.msg.get("event")
+        == "configuration reload rejected; the configuration in force stays"
+    ]
+
+
+async def test_a_broken_file_changes_nothing(tmp_path, caplog, logs_at_debug):
+    """Not YAML; min above max; and two that load as YAML and would change something unseen:
+    a key given twice (the last `max_size` winning), a missing user data file (every create of
+    the group failing). Each is rejected, logged, and changes nothing; fixed, the file applies."""
+    (tmp_path / "template").write_text("#cloud-config\nhostname: ${server_name}\n")
     data = config_data()
     path = write_config(tmp_path, data)
     provider = Provider(load_config(path), FakeCloud(FakeNova()), config_path=path)
@@ -94,13 +109,41 @@ async def test_a_broken_file_changes_nothing(tmp_path):
             data["node_groups"][0]["min_size"] = 99  # YAML, but min above max
             write_config(tmp_path, data)
             assert await provider.app.reload_once() == "rejected"
+            data["node_groups"][0]["min_size"] = 1
+            text = yaml.safe_dump(data).replace(
+                "  max_size: 10\n", "  max_size: 10\n  max_size: 4\n"
+            )
+            path.write_text(text)
+            assert await provider.app.reload_once() == "rejected"
+            twice = [n for n, line in enumerate(text.splitlines(), 1) if "max_size: " in line][:2]
+            del data["node_groups"][0]["user_data"]
+            data["node_groups"][0]["user_data_file"] = str(tmp_path / "missing")
+            data["node_groups"][0]["max_size"] = 4
+            write_config(tmp_path, data)
+            assert await provider.app.reload_once() == "rejected"
             await ca.refresh()
             assert groups(await ca.node_groups()) == before
-        registry = provider.app.registry
-        assert registry.get_sample_value("osas_config_reloads_total", {"result": "rejected"}) == 2
-        assert registry.get_sample_value("osas_config_reloads_total", {"result": "applied"}) == 0
+            registry = provider.app.registry
+            assert (
+                registry.get_sample_value("osas_config_reloads_total", {"result": "rejected"}) == 4
+            )
+            assert (
+                registry.get_sample_value("osas_config_reloads_total", {"result": "applied"}) == 0
+            )
+            data["node_groups"][0]["user_data_file"] = str(tmp_path / "template")
+            write_config(tmp_path, data)
+            assert await provider.app.reload_once() == "applied"
+            await ca.refresh()
+            assert groups(await ca.node_groups())["workers"] == (1, 4)
     finally:
         await provider.stop()
+    assert rejections(caplog)[2:] == [
+        (
+            f"{path}: node_groups[0](workers).max_size: duplicate key at lines {twice[0]} and "
+            f"{twice[1]} (YAML would keep the last and drop the others unseen); keep one"
+        ),
+        f"{path}: node_groups[0](workers).user_data_file: {tmp_path / 'missing'} does not exist",
+    ]
 
 
 async def test_a_restart_only_change_is_reported_not_applied(tmp_path):

@@ -298,6 +298,48 @@ def test_several_config_problems_on_one_line(tmp_path):
     assert "queue.workers" in line
 
 
+def test_a_key_given_twice_stops_serve_with_both_lines(tmp_path):
+    config = tmp_path / "osas.yaml"
+    text = yaml.safe_dump(config_data()) + "cluster_name: other\n"
+    config.write_text(text, encoding="utf-8")
+    first, again = (n for n, line in enumerate(text.splitlines(), 1) if line.startswith("cluster_"))
+    line = serve(config).one_line(EXIT_CONFIG)
+    assert line == (
+        f"osas: configuration error: {config}: cluster_name: duplicate key at lines {first} and "
+        f"{again} (YAML would keep the last and drop the others unseen); keep one"
+    )
+
+
+def test_a_missing_user_data_file_stops_serve_and_check_config_alike(tmp_path):
+    """Found at start, not by the first create; check-config, which found it before, now
+    stops on the same configuration error, with the same words and exit code."""
+    data = config_data()
+    data["node_groups"][1]["user_data_file"] = str(tmp_path / "bootstrap" / "user-data")
+    config = write_config(tmp_path, data)
+    problem = (
+        f"{config}: node_groups[1](gpu).user_data_file: {tmp_path / 'bootstrap' / 'user-data'} "
+        "does not exist"
+    )
+    line = serve(config).one_line(EXIT_CONFIG)
+    assert line == f"osas: configuration error: {problem}"
+    checked = osas("check-config", "--config", str(config))
+    assert checked.code == EXIT_CONFIG, checked.stdout + checked.stderr
+    assert checked.stderr == f"osas check-config: configuration error: {problem}\n"
+
+
+def test_osas_status_reads_only_the_port_of_a_file_whose_user_data_files_are_elsewhere(tmp_path):
+    """`osas status --config` on a host where the pod's mounted Secret is not: the file still
+    tells where osas answers."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # nothing listens there once closed
+    data = config_data(metrics_listen=f"127.0.0.1:{port}")
+    data["node_groups"][1]["user_data_file"] = "/etc/osas/bootstrap/user-data"
+    outcome = osas("status", "--config", str(write_config(tmp_path, data)))
+    assert outcome.code == EXIT_CLOUD, outcome.stderr
+    assert outcome.stderr.startswith(f"osas status: no answer from http://127.0.0.1:{port}/status")
+
+
 # -- check-config --------------------------------------------------------------------------------
 
 

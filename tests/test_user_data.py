@@ -318,7 +318,8 @@ def test_file_sources_reach_the_group_spec(tmp_path):
             user_data_file="/etc/osas/bootstrap/user-data",
             user_data_vars={"join_token": "/etc/osas/bootstrap/token"},
             user_data_format="json",
-        )
+        ),
+        read_files=False,  # the pod's paths
     )
     group = config.cluster_spec().node_groups[0]
     assert group.user_data is None
@@ -347,9 +348,11 @@ async def test_a_secret_in_a_variable_file_reaches_the_server_and_nothing_else( 
     workers.pop("user_data")
     workers["user_data_file"] = str(bootstrap / "user-data")
     workers["user_data_vars"] = {"join_token": str(bootstrap / "token")}
-    # A group whose token file is missing, and one whose user data outgrows Nova's limit.
+    # A group whose token file goes missing once osas runs (a start or a reload without it
+    # is refused), and one whose user data outgrows Nova's limit.
     broken = {**workers, "id": "broken", "min_size": 0}
-    broken["user_data_vars"] = {"join_token": str(bootstrap / "absent")}
+    broken["user_data_vars"] = {"join_token": str(bootstrap / "gone")}
+    (bootstrap / "gone").write_text(TOKEN)
     huge = {**workers, "id": "huge", "min_size": 0, "user_data_file": None}
     huge["user_data"] = "${join_token}${big}"
     huge["user_data_vars"] = {"join_token": str(bootstrap / "token"), "big": str(bootstrap / "big")}
@@ -362,6 +365,7 @@ async def test_a_secret_in_a_variable_file_reaches_the_server_and_nothing_else( 
             node_groups=[workers, broken, huge],
         )
         config_text = (tmp_path / "osas.yaml").read_text()
+        (bootstrap / "gone").unlink()
         provider = Provider(config, openstack_cloud(config))
         await provider.start()
         seen: list[str] = []
@@ -403,7 +407,7 @@ async def test_a_secret_in_a_variable_file_reaches_the_server_and_nothing_else( 
     assert sorted(seen[:2]) == [
         (
             "UserDataUnavailable: node group 'broken': user_data_vars.join_token: "
-            f"{bootstrap / 'absent'} does not exist"
+            f"{bootstrap / 'gone'} does not exist"
         ),
         (
             f"UserDataUnavailable: node group 'huge': the user data from user_data is {huge_size} "
@@ -428,11 +432,14 @@ def test_check_config_builds_every_group_user_data_without_showing_it(tmp_path):
     data["node_groups"][0]["user_data_vars"] = {"join_token": str(tmp_path / "token")}
     data["node_groups"][0]["user_data"] = "token=${join_token}"
     data["node_groups"][1]["user_data"] = "${t}"
-    data["node_groups"][1]["user_data_vars"] = {"t": str(tmp_path / "absent")}
+    data["node_groups"][1]["user_data_vars"] = {"t": str(tmp_path / "gone")}
+    (tmp_path / "gone").write_text("there when the configuration loaded")
+    config = load_config(write_config(tmp_path, data))
+    (tmp_path / "gone").unlink()
     out = io.StringIO()
-    assert check_user_data(load_config(write_config(tmp_path, data)), out) == 1
+    assert check_user_data(config, out) == 1
     report = out.getvalue()
     assert "user data: ok: node group 'workers', 29 bytes" in report
-    problem = f"user data: PROBLEM: node group 'gpu': user_data_vars.t: {tmp_path / 'absent'}"
+    problem = f"user data: PROBLEM: node group 'gpu': user_data_vars.t: {tmp_path / 'gone'}"
     assert problem in report
     assert TOKEN not in report

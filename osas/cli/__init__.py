@@ -367,12 +367,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _config_for(path: Path | None, give: str) -> OsasConfig:
+def _config_for(path: Path | None, give: str, *, read_files: bool = True) -> OsasConfig:
     """The configuration a command reads; a CommandError (exit 2) saying why it cannot."""
     if path is None:
         raise CommandError(f"give {give} or set {CONFIG_ENV}", EXIT_CONFIG)
     try:
-        return load_config(path)
+        return load_config(path, read_files=read_files)
     except ConfigError as exc:
         problems = str(exc)  # one per line: on the same line when there is one
         separator = "\n" if "\n" in problems else " "
@@ -396,7 +396,8 @@ def status_url(metrics_listen: str) -> str:
 def _cmd_status(args: argparse.Namespace) -> int:
     url = args.url
     if url is None:
-        config = _config_for(args.config, "--url URL, --config FILE")
+        # Only metrics_listen is wanted: the user data files may be another machine's.
+        config = _config_for(args.config, "--url URL, --config FILE", read_files=False)
         if config.metrics_listen is None:
             raise CommandError(f"{args.config} sets no metrics_listen; give --url", EXIT_CONFIG)
         url = status_url(config.metrics_listen)

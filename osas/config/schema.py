@@ -61,6 +61,19 @@ _PORT_MAX = 65535
 _RESERVED_METADATA = frozenset({META_CLUSTER, META_GROUP, META_REQUEST})
 
 
+class KeyClash(ValueError):
+    """A check across keys that blames one key: ``key`` is where the problem is and ``first``
+    the key it clashes with, each under the model that raises it, so that the message can
+    point at both (``loading`` adds their lines) rather than at the model as a whole."""
+
+    def __init__(
+        self, message: str, *, key: tuple[int | str, ...], first: tuple[int | str, ...]
+    ) -> None:
+        super().__init__(message)
+        self.key = key
+        self.first = first
+
+
 def _parse_duration(value: Any) -> Any:
     """Accept 90, "90", "90s", "5m", "1h30m" as well as what pydantic takes for a timedelta."""
     if isinstance(value, bool):
@@ -427,11 +440,15 @@ class OsasConfig(BaseSettings):
             self.metrics_listen
         ).endswith(":0"):
             raise ValueError("metrics_listen must differ from listen and health_listen")
-        seen: set[str] = set()
-        for group in self.node_groups:
-            if group.group_id in seen:
-                raise ValueError(f"duplicate node group id {group.group_id!r}")
-            seen.add(group.group_id)
+        seen: dict[str, int] = {}
+        for index, group in enumerate(self.node_groups):
+            first = seen.setdefault(group.group_id, index)
+            if first != index:
+                raise KeyClash(
+                    f"duplicate node group id {group.group_id!r}",
+                    key=("node_groups", index, "id"),
+                    first=("node_groups", first, "id"),
+                )
         return self
 
     # -- the value classes the parts run on (``convert``) ---------------------------------------

@@ -349,7 +349,7 @@ def load_rendered_config(objects, tmp_path):
     """The rendered configuration through osas's own loader."""
     path = tmp_path / "osas.yaml"
     path.write_text(yaml.safe_dump(osas_config(objects)))
-    return load_config(path)
+    return load_config(path, read_files=False)  # the files are the pod's mounted Secret
 
 
 # -- every scenario -----------------------------------------------------------------------------
