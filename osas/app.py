@@ -16,6 +16,7 @@ standby with what it must know, and the cloud client is closed.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import hashlib
 from collections.abc import Awaitable, Callable
@@ -95,11 +96,23 @@ def _digest(path: Path | None) -> str | None:
         return None
 
 
-def openstack_cloud(config: OsasConfig, registry: CollectorRegistry | None = None) -> Cloud:
+def openstack_cloud(
+    config: OsasConfig,
+    registry: CollectorRegistry | None = None,
+    *,
+    request_timeout: float | None = None,
+) -> Cloud:
     """The cloud osas runs against: OpenStack through openstacksdk (tests hand ``App`` a fake
-    of their own). With a registry, its requests are counted there (the app's)."""
+    of their own). With a registry, its requests are counted there (the app's). With
+    ``request_timeout``, each request waits at most that long (or ``openstack.api_timeout``
+    when shorter) and is sent once: a check that answers soon, whatever the cloud does."""
     metrics = CloudMetrics(registry) if registry is not None else None
-    return OpenStackCloud(config.openstack_settings(), metrics=metrics)
+    settings = config.openstack_settings()
+    if request_timeout is not None:
+        settings = dataclasses.replace(
+            settings, api_timeout=min(settings.api_timeout, request_timeout), attempts=1
+        )
+    return OpenStackCloud(settings, metrics=metrics)
 
 
 class App:
