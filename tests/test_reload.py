@@ -17,6 +17,7 @@ from fake_cloud import FakeCloud
 from support import (
     CLUSTER,
     Provider,
+    assert_status_screen,
     ca_client,
     config_data,
     config_on,
@@ -193,6 +194,7 @@ async def test_a_rejected_reload_shows_on_the_status_screen_until_one_is_applied
         assert begun - 1 <= datetime.fromisoformat(document["at"]).timestamp() <= time.time()
         code, screen = await asyncio.to_thread(status_screen, port)
         assert code == 0  # still ready, on the configuration in force
+        assert_status_screen("a rejected reload", screen)
         lines = screen.splitlines()
         at = lines.index(next(line for line in lines if "reload REJECTED" in line))
         assert re.fullmatch(
