@@ -195,11 +195,9 @@ _TRANSPORT_FAILURES: tuple[
         (urllib3.exceptions.ConnectTimeoutError, requests.exceptions.ConnectTimeout),
         "the connection timed out (a host that is down, or a firewall dropping it)",
     ),
+    # RemoteDisconnected is a ConnectionResetError: the closed connection comes first.
+    (http.client.RemoteDisconnected, "the connection closed before an answer"),
     ((ConnectionResetError, BrokenPipeError), "the connection was reset"),
-    (
-        (urllib3.exceptions.ProtocolError, http.client.RemoteDisconnected),
-        "the connection closed before an answer",
-    ),
     (OSError, "the network failed"),
 )
 
