@@ -16,8 +16,10 @@ standby with what it must know, and the cloud client is closed.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import hashlib
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -50,7 +52,7 @@ from osas.engine.events import carry_out
 from osas.engine.metrics import EngineMetrics
 from osas.engine.queue import TaskQueue
 from osas.engine.reconciler import Reconciler
-from osas.engine.status import Census, StatusSources, build_status
+from osas.engine.status import Census, ReloadOutcome, StatusSources, build_status
 from osas.engine.workers import Workers
 from osas.service.metrics import ServiceCollector, register_build_info
 from osas.service.ops_server import OperationsServer
@@ -95,11 +97,23 @@ def _digest(path: Path | None) -> str | None:
         return None
 
 
-def openstack_cloud(config: OsasConfig, registry: CollectorRegistry | None = None) -> Cloud:
+def openstack_cloud(
+    config: OsasConfig,
+    registry: CollectorRegistry | None = None,
+    *,
+    request_timeout: float | None = None,
+) -> Cloud:
     """The cloud osas runs against: OpenStack through openstacksdk (tests hand ``App`` a fake
-    of their own). With a registry, its requests are counted there (the app's)."""
+    of their own). With a registry, its requests are counted there (the app's). With
+    ``request_timeout``, each request waits at most that long (or ``openstack.api_timeout``
+    when shorter) and is sent once: a check that answers soon, whatever the cloud does."""
     metrics = CloudMetrics(registry) if registry is not None else None
-    return OpenStackCloud(config.openstack_settings(), metrics=metrics)
+    settings = config.openstack_settings()
+    if request_timeout is not None:
+        settings = dataclasses.replace(
+            settings, api_timeout=min(settings.api_timeout, request_timeout), attempts=1
+        )
+    return OpenStackCloud(settings, metrics=metrics)
 
 
 class App:
@@ -176,8 +190,10 @@ class App:
         )
         server_settings = config.server_settings()
         self.server = ProviderServer(self.controller, server_settings, registry=self.registry)
+        self._last_reload: ReloadOutcome | None = None
         self._status_sources = StatusSources(
             version=__version__,
+            config_file=None if config_path is None else str(config_path),
             inventory=self.inventory,
             queue=self.queue,
             reconciler=self.reconciler,
@@ -187,6 +203,7 @@ class App:
             readiness=self.readiness,
             rejected_certificate_reloads=self._rejected_reloads,
             leadership=self.leadership.status,
+            last_reload=lambda: self._last_reload,
         )
         self._register_collectors()
         self.ops = (
@@ -244,7 +261,14 @@ class App:
         if self._stop.is_set():
             return "shutting down"
         if not self.inventory.synced:
-            return "first sync with OpenStack not done yet"
+            sync = self.reconciler.status
+            if sync.failing_since is None or sync.last_error is None:
+                return "first sync with OpenStack not done yet"
+            failing = anyio.current_time() - sync.failing_since
+            return (
+                f"first sync with OpenStack not done yet: {sync.consecutive_failures} "
+                f"attempt(s) failed over {failing:.0f}s, the last: {sync.last_error}"
+            )
         refused = self.reconciler.status.credentials_refused
         if refused is not None:
             return f"OpenStack refuses osas's credentials: {refused}"
@@ -284,6 +308,7 @@ class App:
                 reason=str(exc),
             )
             self._reloads.labels("rejected").inc()
+            self._last_reload = ReloadOutcome(applied=False, at=time.time(), reason=str(exc))
             return "rejected"
         restart_only = restart_only_changes(self.config, new)
         if restart_only:
@@ -293,6 +318,7 @@ class App:
             )
         await self.use_cluster(new)
         self._reloads.labels("applied").inc()
+        self._last_reload = ReloadOutcome(applied=True, at=time.time())
         logger.info(
             "configuration reloaded",
             node_groups=[group.group_id for group in new.node_groups],
@@ -342,7 +368,7 @@ class App:
         delay = self.settings.reconcile.retry_backoff
         while True:
             try:
-                described = await self.cloud.verify()
+                described = await self.reconciler.verify_cloud()
                 logger.info("cloud ready", cloud=described)
                 await self.reconciler.reconcile_once(full=True)
             except CloudConfigurationError:

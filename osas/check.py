@@ -36,6 +36,9 @@ EXIT_FAILED = 1  # check-config: names not found in the cloud, user data that ca
 EXIT_CONFIG = 2
 EXIT_CLOUD = 3
 EXIT_TLS = 4
+# Each request check-config sends to OpenStack waits at most this long, and is sent once: a
+# Keystone that accepts connections and never answers costs two of them (discovery, token).
+CHECK_REQUEST_TIMEOUT = 5.0
 
 
 def check_tls(config: OsasConfig, out: TextIO) -> int:

@@ -12,9 +12,10 @@ from typing import Literal
 import structlog
 
 LogFormat = Literal["json", "console"]
+# keystoneauth warns before it raises (an identity endpoint it cannot discover, a connection
+# it retries); osas says what the error it raises means, once, in its own words.
+_SAID_BY_OSAS = ("keystoneauth", "keystoneauth1")
 _QUIET_LIBRARIES = (
-    "keystoneauth",
-    "keystoneauth1",
     "openstack",
     "urllib3",
     "stevedore",
@@ -73,6 +74,8 @@ def configure_logging(
     # Their debug output carries request bodies and token fingerprints: never below WARNING.
     for name in _QUIET_LIBRARIES:
         logging.getLogger(name).setLevel(max(logging.WARNING, root.level))
+    for name in _SAID_BY_OSAS:
+        logging.getLogger(name).setLevel(max(logging.ERROR, root.level))
 
 
 def tune_process() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -564,3 +565,42 @@ def rotate_application_credential(
     identity.add_application_credential(new_id, secret, user, name=new_id)
     write_clouds_yaml(sim, path, new_id, secret)
     identity.delete_application_credential(old_id)
+
+
+# The lines ``osas status`` shows in three states an operator meets, as docs/operations.md
+# shows them from real runs: the tests that bring each state about check the live screen
+# with them, and tests/test_operations.py checks the docs' screens.
+STATUS_SCREENS: dict[str, tuple[str, ...]] = {
+    "an unreachable cloud": (
+        r"^cluster \S+ \(config \S+\)$",
+        (
+            r"^osas \S+: NOT READY: first sync with OpenStack not done yet: \d+ attempt\(s\) "
+            r"failed over \d+s, the last: cannot reach http\S+: connection refused: nothing "
+            r"listens at that address and port; check the address"
+        ),
+        r"^last sync never; 0 full, 0 incremental, \d+ failed$",
+        r"^OpenStack FAILING for \d+s \(\d+ in a row\); last error: above$",
+    ),
+    "a stuck server": (
+        r"^cluster \S+",
+        r"^servers needing a person: error 0, build-stuck 1, ",
+        (
+            r"^  build-stuck \S+/\S+ \(id [0-9a-f-]{36}, \d+[smh] old, for \d+[smh]\): in "
+            r"BUILD longer than reconcile\.stuck_build_after \(\S+\)$"
+        ),
+    ),
+    "a rejected reload": (
+        r"^cluster \S+ \(config \S+\)$",
+        (
+            r"^configuration reload REJECTED \d+[smh] ago \(\S+\); the configuration loaded "
+            r"before stays in force:$"
+        ),
+        r"^  \S+: node_groups\[0\]\(workers\): min_size \d+ is greater than max_size \d+$",
+    ),
+}
+
+
+def assert_status_screen(state: str, screen: str) -> None:
+    """``screen`` has every line ``STATUS_SCREENS`` holds for ``state``."""
+    missing = [line for line in STATUS_SCREENS[state] if not re.search(line, screen, re.MULTILINE)]
+    assert not missing, f"{state}: no line matches {missing} in\n{screen}"

@@ -396,6 +396,37 @@ def test_transport_failures_of_a_create_are_told_apart(behaviour, expected):
 
 
 @pytest.mark.parametrize(
+    ("scheme", "behaviour", "what"),
+    [
+        ("http", "refuse", "connection refused: nothing listens at that address and port"),
+        ("http", "drop", "the connection closed before an answer"),
+        ("http", "silent", "it accepted the connection but sent no answer in time"),
+        (
+            "https",
+            "drop",
+            "the TLS handshake failed (a certificate osas does not trust: openstack.cacert)",
+        ),
+    ],
+)
+def test_transport_failures_are_said_in_osas_words(scheme, behaviour, what):
+    """What is wrong and what to check, instead of urllib3's pool and socket errors nested
+    four deep; the same words for a create, whatever it means for the ledger."""
+    session = ks_session.Session()
+    with peer(behaviour) as port:
+        url = f"{scheme}://127.0.0.1:{port}/compute/v2.1/servers"
+        with pytest.raises(ks_exceptions.ClientException) as caught:
+            session.get(f"{url}?changes-since=now", timeout=0.5, authenticated=False)
+    expected = (
+        f"cannot reach {url}: {what}; check the address (auth_url, or the endpoint Keystone's "
+        "catalog gives for the service) and that osas can reach it"
+    )
+    error = _translate(caught.value, ())
+    assert (type(error), str(error)) == (CloudUnavailable, expected)
+    assert str(_create_failure(caught.value, ())) == expected
+    assert "HTTPConnectionPool" not in expected
+
+
+@pytest.mark.parametrize(
     ("status", "expected"),
     [
         (403, QuotaExceeded),

@@ -25,8 +25,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from support import (
     API_TIMEOUT,
     CLUSTER,
+    STATUS_SCREENS,
     TAG,
     Provider,
+    assert_status_screen,
     big_config,
     ca_client,
     config_data,
@@ -39,6 +41,7 @@ from support import (
     write_config,
 )
 
+from osas.cli.status_table import render_status
 from osas.cloud.metrics import CloudMetrics
 from osas.cloud.openstack import OpenStackCloud
 from osas.config import ConfigError, load_config
@@ -293,7 +296,8 @@ async def test_healthz_answers_through_an_outage_and_readyz_follows_the_inventor
         await asyncio.sleep(0.3)  # a few failed first syncs
         assert await fetch(port, "/healthz") == (200, "ok\n")
         status, text = await fetch(port, "/readyz")
-        assert (status, text) == (503, "not ready: first sync with OpenStack not done yet\n")
+        assert status == 503
+        assert text.startswith("not ready: first sync with OpenStack not done yet: ")
         assert value(await scrape(port), "osas_ready") == 0
 
         sim.start()  # OpenStack is back
@@ -316,9 +320,74 @@ async def test_healthz_answers_through_an_outage_and_readyz_follows_the_inventor
         failures = value(samples, "osas_reconcile_failures_total", kind="incremental")
         failures += value(samples, "osas_reconcile_failures_total", kind="full")
         assert failures >= 1
+        # After the first sync too, the outage's length and cause, on the screen and in /status.
+        document = json.loads((await fetch(port, "/status"))[1])
+        assert document["syncs"]["consecutive_failures"] >= 1
+        assert document["syncs"]["failing_for_seconds"] > 0
+        assert value(samples, "osas_reconcile_failing_seconds") > 0
+        screen = render_status(document)
+        assert len([line for line in screen.splitlines() if "OpenStack FAILING for" in line]) == 1
+        assert screen.count(document["syncs"]["last_error"]) == 1  # said once, not twice
         assert (await fetch(port, "/nope"))[0] == 404
     finally:
         sim.nova.faults.error_rate = 0.0
+        await provider.stop()
+        sim.stop()
+
+
+def osas_status(url: str) -> subprocess.CompletedProcess[str]:
+    """``osas status --url``, as an operator runs it (blocking: call it in a thread)."""
+    command = [sys.executable, "-m", "osas", "status", "--url", url]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+
+async def test_an_outage_at_start_shows_its_cause_in_status_readyz_and_metrics(tmp_path):
+    sim = SimulatedOpenStack(FakeNova(build_seconds=0.2), port=free_port())
+    sim.start()
+    settings = settings_for(sim, api_timeout=API_TIMEOUT)
+    identity = sim.clouds_yaml_entry()["auth"]["auth_url"]
+    sim.stop()  # nothing listens there: OpenStack is unreachable when osas starts
+    registry = CollectorRegistry()
+    config = big_config(tmp_path, metrics_listen="127.0.0.1:0")
+    path = tmp_path / "osas.yaml"  # where big_config wrote it
+    provider = Provider(config, OpenStackCloud(settings), registry=registry, config_path=path)
+    await provider.start(wait_serving=False)
+    try:
+        while provider.app.ops is None or not provider.app.ops.port:
+            await asyncio.sleep(0.01)
+        port = ops_port(provider)
+        while provider.app.reconciler.status.failures < 3:
+            await asyncio.sleep(0.01)
+        cause = f"cannot reach {identity}: connection refused: nothing listens at that address"
+        syncs = json.loads((await fetch(port, "/status"))[1])["syncs"]
+        assert syncs["failures"] >= 3
+        assert syncs["consecutive_failures"] == syncs["failures"]
+        assert syncs["failing_for_seconds"] > 0
+        assert syncs["last_error"].startswith(cause)
+        status, text = await fetch(port, "/readyz")
+        assert status == 503
+        assert "attempt(s) failed over" in text
+        assert cause in text
+        samples = await scrape(port)
+        assert value(samples, "osas_reconcile_failures_total", kind="full") >= 3
+        assert value(samples, "osas_reconcile_failing_seconds") > 0
+        result = await asyncio.to_thread(osas_status, f"http://127.0.0.1:{port}")
+        assert result.returncode == 1, result.stderr
+        assert_status_screen("an unreachable cloud", result.stdout)
+        lines = result.stdout.splitlines()
+        assert lines[0] == f"cluster {CLUSTER} (config {path})"
+        assert cause in lines[1]  # said once, where osas says why it is not ready
+
+        sim.start()  # OpenStack is back: the outage is over, and said to be
+        await provider.wait_serving(timeout=30)
+        syncs = json.loads((await fetch(port, "/status"))[1])["syncs"]
+        assert (syncs["consecutive_failures"], syncs["failing_for_seconds"]) == (0, None)
+        assert syncs["last_error"] is None
+        assert value(await scrape(port), "osas_reconcile_failing_seconds") == 0
+        result = await asyncio.to_thread(osas_status, f"http://127.0.0.1:{port}")
+        assert result.returncode == 0, result.stderr
+        assert "FAILING" not in result.stdout
+    finally:
         await provider.stop()
         sim.stop()
 
@@ -426,6 +495,22 @@ async def test_stuck_builds_and_deletes_show_in_metrics_until_they_finish(tmp_pa
             async with ca_client(provider.address) as ca:
                 await ca.increase("big", 1)
                 await until(port, stuck("build-stuck"), "a stuck build")
+                (building,) = ours(sim)
+                document = json.loads((await fetch(port, "/status"))[1])
+                (listed,) = document["problem_servers"]
+                assert document["problem_servers_not_shown"] == 0
+                assert listed["age_seconds"] >= 0
+                assert listed["for_seconds"] >= 0
+                assert {k: v for k, v in listed.items() if not k.endswith("_seconds")} == {
+                    "problem": "build-stuck",
+                    "group": "big",
+                    "id": building.server_id,
+                    "name": building.name,
+                    "reason": "in BUILD longer than reconcile.stuck_build_after (0.5s)",
+                }
+                result = await asyncio.to_thread(osas_status, f"http://127.0.0.1:{port}")
+                assert_status_screen("a stuck server", result.stdout)
+                assert f"big/{building.name} (id {building.server_id}, " in result.stdout
                 with sim.lock:
                     sim.nova.activate()
                 running = await until(port, over("build-stuck"), "the build to finish")
@@ -433,6 +518,11 @@ async def test_stuck_builds_and_deletes_show_in_metrics_until_they_finish(tmp_pa
                 (server,) = ours(sim)
                 await ca.delete("big", [("node", f"openstack:///{server.server_id}")])
                 await until(port, stuck("delete-stuck"), "a delete that takes its time")
+                (listed,) = json.loads((await fetch(port, "/status"))[1])["problem_servers"]
+                assert (listed["problem"], listed["id"]) == ("delete-stuck", server.server_id)
+                assert listed["reason"] == (
+                    "being deleted longer than reconcile.stuck_delete_after (0.5s)"
+                )
                 done = await until(port, over("delete-stuck"), "the delete to finish")
             detected = "osas_server_problems_detected_total"
             assert value(done, detected, problem="build-stuck") == 1
@@ -444,7 +534,7 @@ async def test_stuck_builds_and_deletes_show_in_metrics_until_they_finish(tmp_pa
 
 async def test_osas_status_prints_one_screen_from_a_running_osas(tmp_path):
     with SimulatedOpenStack(FakeNova(build_seconds=0.2)) as sim:
-        seed_problems(sim.nova)
+        seeded = seed_problems(sim.nova)
         provider = await start(tmp_path, sim)
         port = ops_port(provider)
         try:
@@ -465,13 +555,22 @@ async def test_osas_status_prints_one_screen_from_a_running_osas(tmp_path):
             )
             assert result.returncode == 0, result.stderr
             out = result.stdout
-            assert "ready" in out.splitlines()[0]
+            # Whose screen it is comes first: the cluster, and the file osas was started with.
+            assert out.splitlines()[0] == f"cluster {CLUSTER}"
+            assert out.splitlines()[1].endswith(": ready")
             row = next(line for line in out.splitlines() if line.startswith("big "))
             # GROUP MIN TARGET MAX RUNNING CREATING DELETING ERROR QUEUED IN-DOUBT FAILED
             assert row.split() == ["big", "0", "2", "60", "0", "0", "0", "1", "0", "0", "1"]
             assert "1 x QuotaExceeded (class 1)" in out
             assert "1 x NoValidHost (class 1)" in out
             assert "error 1, build-stuck 0, delete-stuck 0, unconfigured-group 1" in out
+            # Each server needing a person, by id and name, with its age and the reason.
+            error_line = f"  error big/{CLUSTER}-big-err (id {seeded['error']}, "
+            (line,) = [line for line in out.splitlines() if line.startswith(error_line)]
+            assert re.search(r"\d+s old, for \d+s\): NoValidHost: No valid host was found", line)
+            stray = f"  unconfigured-group retired/{CLUSTER}-retired-0 (id {seeded['unconfigured']}"
+            assert any(line.startswith(stray) for line in out.splitlines())
+            assert "node group 'retired'" in out
             assert "certificate reloads refused: 0" in out
 
             command = [sys.executable, "-m", "osas", "status", "--url", "http://127.0.0.1:1"]
@@ -480,6 +579,33 @@ async def test_osas_status_prints_one_screen_from_a_running_osas(tmp_path):
             )
             assert result.returncode == 3
             assert "no answer from http://127.0.0.1:1/status" in result.stderr
+        finally:
+            await provider.stop()
+
+
+async def test_many_servers_needing_a_person_are_capped_with_how_many_more(tmp_path):
+    """50 listed by /status, 10 on the screen, and the rest counted: a removed group with
+    hundreds of servers must not bury the screen."""
+    with SimulatedOpenStack(FakeNova(build_seconds=0.2)) as sim:
+        marks = {META_CLUSTER: CLUSTER, META_GROUP: "retired"}
+        names = [f"{CLUSTER}-retired-{index:02}" for index in range(53)]
+        for name in names:
+            sim.nova.seed(name=name, metadata=marks, tags=[TAG])
+        provider = await start(tmp_path, sim)
+        port = ops_port(provider)
+        try:
+            document = json.loads((await fetch(port, "/status"))[1])
+            assert document["problems"]["unconfigured-group"] == 53
+            listed = document["problem_servers"]
+            assert len(listed) == 50
+            assert document["problem_servers_not_shown"] == 3
+            assert {server["name"] for server in listed} < set(names)
+            result = await asyncio.to_thread(osas_status, f"http://127.0.0.1:{port}")
+            lines = result.stdout.splitlines()
+            at = lines.index(next(line for line in lines if line.startswith("servers needing")))
+            shown = lines[at + 1 : at + 11]
+            assert all(line.startswith("  unconfigured-group retired/") for line in shown)
+            assert lines[at + 11] == "  and 43 more"
         finally:
             await provider.stop()
 
@@ -562,3 +688,17 @@ def test_metrics_listen_is_validated_like_listen(tmp_path):
     )
     with pytest.raises(ConfigError, match="stuck_delete_after"):
         load(reconcile={"stuck_delete_after": "0s"})
+
+
+def test_operations_md_shows_the_status_screens_the_tests_see():
+    """docs/operations.md shows the screen in each state as a run shows it: each of its
+    screens has the lines the tests find on the live one."""
+    text = (Path(__file__).parent.parent / "docs" / "operations.md").read_text(encoding="utf-8")
+    blocks = text.split("```")[1::2]
+    screens = [block for block in blocks if "\n$ osas status" in "\n" + block]
+    assert len(screens) >= len(STATUS_SCREENS)
+    for state in STATUS_SCREENS:
+        assert any(
+            all(re.search(line, screen, re.MULTILINE) for line in STATUS_SCREENS[state])
+            for screen in screens
+        ), f"docs/operations.md shows no screen of {state} as osas status prints it"

@@ -263,3 +263,31 @@ def test_cas_fake_nodes_are_told_apart_by_its_annotation():
     assert not never_registered({"node.alpha.kubernetes.io/ttl": "0"})
     assert is_fake_node({FAKE_NODE_REASON: "create-error"})
     assert not is_fake_node({})
+
+
+def test_the_problems_that_hold_are_listed_with_since_when_and_why():
+    """What /status shows of each server needing a person: by problem, the longest-standing
+    first, with the review that first saw it and the reason logged then."""
+    world = World()
+    fault = Fault(500, "No valid host was found.")
+    world.listing(server("b", "BUILD"), server("e", "ERROR", fault=fault))
+    world.review(1800)  # b stuck, e in error
+    world.listing(server("a", "BUILD", created=datetime.fromtimestamp(T0 - 60, UTC).isoformat()))
+    world.listing(server("s", group="retired"))
+    world.review(1900)  # a stuck too, later than b; s of a group not configured
+    listed = [
+        (entry.problem.value, entry.server_id, entry.group_id, entry.since - T0, entry.detail)
+        for entry in world.watch.listed()
+    ]
+    assert listed == [
+        ("error", "e", "workers", 1800, "NoValidHost: No valid host was found."),
+        ("build-stuck", "b", "workers", 1800, STUCK_BUILD),
+        ("build-stuck", "a", "workers", 1900, STUCK_BUILD),
+        ("unconfigured-group", "s", "retired", 1900, "node group 'retired'"),
+    ]
+    world.listing(server("b", "ACTIVE"), gone=("e",))
+    world.review(2000)
+    assert [entry.server_id for entry in world.watch.listed()] == ["a", "s"]
+
+
+STUCK_BUILD = "in BUILD longer than reconcile.stuck_build_after (30m)"

@@ -75,7 +75,12 @@ async def test_metrics_and_status_show_each_groups_headroom(tmp_path):
             assert 'osas_quota_headroom{group="big",resource="instances"} 7.0' in metrics
             assert 'osas_node_group_reported_max_size{group="big"} 3.0' in metrics
             (group,) = provider.app.status()["groups"]
-            assert group["quota_headroom"] == {"servers": 3, "instances": 7, "ram_mib": 3}
+            assert group["quota_headroom"] == {
+                "servers": 3,
+                "limited_by": "ram_mib",
+                "instances": 7,
+                "ram_mib": 3,
+            }
             assert group["reported_max_size"] == 3
             screen = render_status(provider.app.status())  # what `osas status` prints
             assert "quota headroom: big 3 more (ram_mib)" in screen

@@ -3,8 +3,13 @@ change or SIGHUP; a broken file changes nothing."""
 
 from __future__ import annotations
 
+import asyncio
+import re
 import signal
+import subprocess
+import sys
 import time
+from datetime import datetime
 
 import grpc
 import yaml
@@ -12,6 +17,7 @@ from fake_cloud import FakeCloud
 from support import (
     CLUSTER,
     Provider,
+    assert_status_screen,
     ca_client,
     config_data,
     config_on,
@@ -199,3 +205,60 @@ def test_sighup_reloads_osas_serve(tmp_path, sim):
         assert groups(list(answer.nodeGroups))["workers"] == (1, 3)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=20) == 0
+
+
+def status_screen(port: int) -> tuple[int, str]:
+    """``osas status --url``, as an operator runs it; its exit code and screen."""
+    command = [sys.executable, "-m", "osas", "status", "--url", f"http://127.0.0.1:{port}"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    return result.returncode, result.stdout
+
+
+async def test_a_rejected_reload_shows_on_the_status_screen_until_one_is_applied(tmp_path):
+    data = config_data(metrics_listen="127.0.0.1:0")
+    path = write_config(tmp_path, data)
+    provider = Provider(load_config(path), FakeCloud(FakeNova()), config_path=path)
+    await provider.start()
+    assert provider.app.ops is not None
+    port = provider.app.ops.port
+    try:
+        code, screen = await asyncio.to_thread(status_screen, port)
+        assert code == 0
+        assert screen.splitlines()[0] == f"cluster {CLUSTER} (config {path})"
+        assert "REJECTED" not in screen
+
+        data["node_groups"][0]["min_size"] = 99  # min above max
+        write_config(tmp_path, data)
+        begun = time.time()
+        assert await provider.app.reload_once() == "rejected"
+        document = provider.app.status()["config_reload"]
+        assert document["result"] == "rejected"
+        assert "min_size 99 is greater than max_size 10" in document["reason"]
+        assert begun - 1 <= datetime.fromisoformat(document["at"]).timestamp() <= time.time()
+        code, screen = await asyncio.to_thread(status_screen, port)
+        assert code == 0  # still ready, on the configuration in force
+        assert_status_screen("a rejected reload", screen)
+        lines = screen.splitlines()
+        at = lines.index(next(line for line in lines if "reload REJECTED" in line))
+        assert re.fullmatch(
+            r"configuration reload REJECTED \d+s ago \(\S+\); the configuration loaded "
+            "before stays in force:",
+            lines[at],
+        )
+        assert lines[at + 1].startswith("  ")
+        assert "min_size 99 is greater than max_size 10" in "\n".join(lines[at + 1 :])
+        # In force: the sizes osas started with, as the group's row shows them.
+        assert next(line for line in lines if line.startswith("workers ")).split()[1] == "1"
+
+        data["node_groups"][0]["min_size"] = 2
+        write_config(tmp_path, data)
+        assert await provider.app.reload_once() == "applied"
+        assert provider.app.status()["config_reload"]["result"] == "applied"
+        code, screen = await asyncio.to_thread(status_screen, port)
+        assert "REJECTED" not in screen
+        assert (
+            next(line for line in screen.splitlines() if line.startswith("workers ")).split()[1]
+            == "2"
+        )
+    finally:
+        await provider.stop()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -31,6 +32,7 @@ from support import (
 )
 
 from osas.app import openstack_cloud
+from osas.check import CHECK_REQUEST_TIMEOUT
 from osas.sim import (
     APP_CREDENTIAL_SECRET,
     SimulatedOpenStack,
@@ -371,6 +373,49 @@ def test_check_config_names_a_cloud_that_cannot_be_used(sim, tmp_path):
     assert outcome.code == EXIT_CLOUD, outcome.stdout + outcome.stderr
     assert "cloud: PROBLEM: the cloud cannot be used:" in outcome.stdout
     assert "HTTP 401" in outcome.stdout
+
+
+def test_check_config_says_what_a_closed_port_means_in_one_line(sim, tmp_path):
+    with socket.socket() as probe:  # a port nothing listens on once closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    auth = {**sim.clouds_yaml_entry()["auth"], "auth_url": f"http://127.0.0.1:{port}/identity/v3"}
+    outcome = osas("check-config", "--config", str(on_sim(tmp_path, {"auth": auth})))
+    assert outcome.code == EXIT_CLOUD, outcome.stdout + outcome.stderr
+    [line] = [line for line in outcome.stdout.splitlines() if line.startswith("cloud:")]
+    assert line == (
+        f"cloud: PROBLEM: the cloud cannot be used: cannot reach http://127.0.0.1:{port}"
+        "/identity/v3: connection refused: nothing listens at that address and port; check "
+        "the address (auth_url, or the endpoint Keystone's catalog gives for the service) and "
+        "that osas can reach it"
+    )
+    assert "HTTPConnectionPool" not in outcome.stdout + outcome.stderr
+    assert outcome.stderr == ""  # keystoneauth's warnings are said by osas's line
+
+
+def test_check_config_answers_soon_when_keystone_accepts_and_never_answers(sim, tmp_path):
+    """The kernel completes the handshakes of a listening socket nobody reads: the requests
+    go out and no answer ever comes. check-config's requests wait CHECK_REQUEST_TIMEOUT each
+    (discovery, then the token), once, whatever openstack.api_timeout and attempts say."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/identity/v3"
+        auth = {**sim.clouds_yaml_entry()["auth"], "auth_url": url}
+        openstack = {"auth": auth, "api_timeout": "30s", "attempts": 4}
+        begun = time.monotonic()
+        outcome = osas("check-config", "--config", str(on_sim(tmp_path, openstack)))
+        took = time.monotonic() - begun
+    assert outcome.code == EXIT_CLOUD, outcome.stdout + outcome.stderr
+    assert took < 2 * CHECK_REQUEST_TIMEOUT + 8, took  # 129 s with the serve settings
+    # Discovery's GET, or the token's POST after it (a URL ending in /v3 is tried as v3).
+    assert re.search(
+        f"^cloud: PROBLEM: the cloud cannot be used: cannot reach {url}(/auth/tokens)?: it "
+        "accepted the connection but sent no answer in time; check the address",
+        outcome.stdout,
+        re.MULTILINE,
+    ), outcome.stdout
+    assert outcome.stderr == ""
 
 
 # -- what osas says when it does start -----------------------------------------------------------

@@ -19,7 +19,14 @@ from prometheus_client import CollectorRegistry
 
 from osas import __version__
 from osas.app import App, LeaseLost, openstack_cloud
-from osas.check import EXIT_CLOUD, EXIT_CONFIG, EXIT_FAILED, EXIT_TLS, check_config
+from osas.check import (
+    CHECK_REQUEST_TIMEOUT,
+    EXIT_CLOUD,
+    EXIT_CONFIG,
+    EXIT_FAILED,
+    EXIT_TLS,
+    check_config,
+)
 from osas.cli.status_table import render_status
 from osas.cloud.errors import CloudError
 from osas.config import CONFIG_ENV, ConfigError, OsasConfig, load_config
@@ -382,7 +389,7 @@ def _config_for(path: Path | None, give: str, *, read_files: bool = True) -> Osa
 def _cmd_check(args: argparse.Namespace) -> int:
     configure_logging("warning", "console")
     config = _config_for(args.config, "--config FILE")
-    cloud = openstack_cloud(config)
+    cloud = openstack_cloud(config, request_timeout=CHECK_REQUEST_TIMEOUT)
     return anyio.run(partial(check_config, wait=args.wait), config, cloud, sys.stdout)
 
 

@@ -7,6 +7,8 @@ from typing import Any
 from osas.domain.problems import Problem
 
 PROBLEMS = tuple(problem.value for problem in Problem)
+# Servers needing a person listed one by one on the screen (``--json`` has more).
+PROBLEM_SERVERS_ON_SCREEN = 10
 
 _COLUMNS = (
     ("GROUP", 14),
@@ -30,12 +32,16 @@ def _row(cells: list[str]) -> str:
     ).rstrip()
 
 
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "never"
+def _span(seconds: float) -> str:
     if seconds < 120:  # noqa: PLR2004 - seconds read better up to two minutes
-        return f"{seconds:.0f}s ago"
-    return f"{seconds / 60:.0f}m ago"
+        return f"{seconds:.0f}s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.0f}h"
+
+
+def _age(seconds: float | None) -> str:
+    return "never" if seconds is None else f"{_span(seconds)} ago"
 
 
 def _writer_lines(status: dict[str, Any]) -> list[str]:
@@ -60,6 +66,60 @@ def _writer_lines(status: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _sync_lines(status: dict[str, Any]) -> list[str]:
+    """The syncs with OpenStack, and while they fail, since when and why."""
+    syncs = status["syncs"]
+    lines = [
+        (
+            f"last sync {_age(status['inventory_age_seconds'])}; {syncs['full']} full, "
+            f"{syncs['incremental']} incremental, {syncs['failures']} failed"
+        )
+    ]
+    failing = syncs.get("failing_for_seconds")
+    if failing is not None:
+        line = f"OpenStack FAILING for {_span(failing)} ({syncs['consecutive_failures']} in a row)"
+        error = syncs["last_error"]
+        # Before the first sync, the reason osas is not ready says it already.
+        said = error and error in (status.get("not_ready_reason") or "")
+        lines.append(line + ("; last error: above" if said else f"; last error: {error}"))
+    return lines
+
+
+def _reload_lines(status: dict[str, Any]) -> list[str]:
+    """A rejected reload of the configuration file: when, why, and what is in force."""
+    reload = status.get("config_reload")
+    if reload is None or reload["result"] != "rejected":
+        return []
+    reasons = str(reload["reason"]).splitlines() or [""]
+    return [
+        (
+            f"configuration reload REJECTED {_age(reload['seconds_ago'])} ({reload['at']}); "
+            "the configuration loaded before stays in force:"
+        ),
+        *(f"  {reason}" for reason in reasons),
+    ]
+
+
+def _problem_lines(status: dict[str, Any], shown: int) -> list[str]:
+    """Servers needing a person: counts, then the first ``shown`` of them one by one."""
+    problems = status["problems"]
+    lines = [
+        "servers needing a person: " + ", ".join(f"{name} {problems[name]}" for name in PROBLEMS)
+    ]
+    listed = status.get("problem_servers") or []
+    for server in listed[:shown]:
+        age = server["age_seconds"]
+        lines.append(
+            f"  {server['problem']} {server['group']}/{server['name'] or '?'} "
+            f"(id {server['id']}, {'age unknown' if age is None else _span(age) + ' old'}, "
+            f"for {_span(server['for_seconds'])}): {server['reason']}"
+        )
+    more = len(listed) - len(listed[:shown]) + status.get("problem_servers_not_shown", 0)
+    if more:
+        lines.append(f"  and {more} more")
+    return lines
+
+
 def _quota_line(groups: list[dict[str, Any]]) -> str:
     """How many more servers of each group the project's quota holds, and what bounds it."""
     parts = []
@@ -67,9 +127,7 @@ def _quota_line(groups: list[dict[str, Any]]) -> str:
         room = group.get("quota_headroom")
         if room is None or room.get("servers") is None:
             continue
-        bounded = {k: v for k, v in room.items() if k != "servers" and v is not None}
-        limit = min(bounded, key=lambda key: bounded[key]) if bounded else "?"
-        parts.append(f"{group['id']} {room['servers']} more ({limit})")
+        parts.append(f"{group['id']} {room['servers']} more ({room.get('limited_by') or '?'})")
     if not parts:
         return "quota headroom: not read, or no limit (MAX is max_size)"
     return "quota headroom: " + ", ".join(parts) + " (MAX is bounded by it)"
@@ -87,13 +145,12 @@ def _group_problem_lines(status: dict[str, Any]) -> list[str]:
 def render_status(status: dict[str, Any]) -> str:
     """``/status`` as one screen of text."""
     ready = "ready" if status["ready"] else f"NOT READY: {status['not_ready_reason']}"
-    syncs = status["syncs"]
+    config = status.get("config_file")
     lines = [
+        f"cluster {status.get('cluster_name', '?')}" + (f" (config {config})" if config else ""),
         f"osas {status['version']}: {ready}",
-        f"last sync {_age(status['inventory_age_seconds'])}; "
-        f"{syncs['full']} full, {syncs['incremental']} incremental, "
-        f"{syncs['failures']} failed"
-        + (f" (last error: {syncs['last_error']})" if syncs["last_error"] else ""),
+        *_sync_lines(status),
+        *_reload_lines(status),
         *_writer_lines(status),
         "",
         _row([name for name, _ in _COLUMNS]),
@@ -133,10 +190,7 @@ def render_status(status: dict[str, Any]) -> str:
         f"({queue['creates']} creates, {queue['deletes']} deletes); "
         f"workers busy: {queue['workers_busy']} of {queue['workers']}"
     )
-    problems = status["problems"]
-    lines.append(
-        "servers needing a person: " + ", ".join(f"{name} {problems[name]}" for name in PROBLEMS)
-    )
+    lines += _problem_lines(status, PROBLEM_SERVERS_ON_SCREEN)
     lines += _group_problem_lines(status)
     lines.append(f"certificate reloads refused: {status['rejected_certificate_reloads']}")
     return "\n".join(lines) + "\n"

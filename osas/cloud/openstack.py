@@ -24,11 +24,14 @@ import base64
 import dataclasses
 import email.utils
 import functools
+import http.client
 import json
 import logging
 import math
 import random
 import re
+import socket
+import ssl
 import threading
 import time
 import warnings
@@ -157,6 +160,89 @@ _TRANSLATIONS: tuple[
 )
 
 
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """The exception and everything it wraps (causes, contexts, the errors urllib3 and
+    requests keep as arguments or ``reason``), each once."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        reason = getattr(current, "reason", None)
+        pending.extend([current.__cause__, current.__context__])
+        pending.extend(arg for arg in (*current.args, reason) if isinstance(arg, BaseException))
+
+
+# What went wrong on the way to OpenStack, by the innermost error that says it; checked in
+# order. Read timeouts come before connect timeouts: urllib3's are both TimeoutErrors.
+_TRANSPORT_FAILURES: tuple[
+    tuple[type[BaseException] | tuple[type[BaseException], ...], str], ...
+] = (
+    (ConnectionRefusedError, "connection refused: nothing listens at that address and port"),
+    (socket.gaierror, "its host name does not resolve"),
+    (
+        (ssl.SSLError, requests.exceptions.SSLError),
+        "the TLS handshake failed (a certificate osas does not trust: openstack.cacert)",
+    ),
+    (
+        (urllib3.exceptions.ReadTimeoutError, requests.exceptions.ReadTimeout),
+        "it accepted the connection but sent no answer in time",
+    ),
+    (
+        (urllib3.exceptions.ConnectTimeoutError, requests.exceptions.ConnectTimeout),
+        "the connection timed out (a host that is down, or a firewall dropping it)",
+    ),
+    # RemoteDisconnected is a ConnectionResetError: the closed connection comes first.
+    (http.client.RemoteDisconnected, "the connection closed before an answer"),
+    ((ConnectionResetError, BrokenPipeError), "the connection was reset"),
+    (OSError, "the network failed"),
+)
+
+
+def _transport_failure(exc: BaseException) -> str | None:
+    """A failure to reach OpenStack over the network, said as what is wrong and what to fix
+    (None when ``exc`` is no such failure): keystoneauth's and requests' messages nest
+    urllib3's pool and socket errors several deep."""
+    chain = list(_chain(exc))
+    transport = ks_exceptions.ConnectionError | requests.exceptions.RequestException
+    if not any(isinstance(link, transport) for link in chain):
+        return None  # keystoneauth's discovery failure wraps one as its context
+    address = "OpenStack"
+    for link in chain:
+        request = getattr(link, "request", None)
+        url = getattr(request, "url", None)
+        if isinstance(url, str) and url:
+            address = url.partition("?")[0]  # a listing's query says nothing here
+            break
+    else:
+        found = re.search(r"\bto (https?://\S+?):? ", str(exc))
+        address = found.group(1) if found else address
+    what = next(
+        (
+            sentence
+            for classes, sentence in _TRANSPORT_FAILURES
+            for link in reversed(chain)
+            if isinstance(link, classes)
+        ),
+        None,
+    )
+    if what is None:
+        return None
+    return (
+        f"cannot reach {address}: {what}; check the address (auth_url, or the endpoint "
+        "Keystone's catalog gives for the service) and that osas can reach it"
+    )
+
+
+def _message(exc: BaseException, secrets: tuple[str, ...]) -> str:
+    """What an error of openstacksdk or keystoneauth says, in osas's words where they are
+    needed, scrubbed of the configured secrets."""
+    return _scrub(_transport_failure(exc) or str(exc) or type(exc).__name__, secrets)
+
+
 def _translate(exc: Exception, secrets: tuple[str, ...]) -> CloudError:
     """The one place where openstacksdk and keystoneauth errors become osas errors: the HTTP
     status, then the table above. A create's POST is told apart further by ``_create_failure``,
@@ -165,7 +251,7 @@ def _translate(exc: Exception, secrets: tuple[str, ...]) -> CloudError:
         return exc
     if isinstance(exc, sdk_exceptions.HttpException):
         return _translate_http(exc, secrets)
-    message = _scrub(str(exc) or type(exc).__name__, secrets)
+    message = _message(exc, secrets)
     for classes, error in _TRANSLATIONS:
         if isinstance(exc, classes):
             return error(message)
@@ -196,21 +282,9 @@ def _never_sent(exc: BaseException) -> bool:
     """Whether a transport failure proves the request never left: the connection could not be
     made (refused, unreachable, connect timeout). keystoneauth folds these into the same
     exceptions as a read timeout or a dropped connection, so look at what it wrapped."""
-    seen: set[int] = set()
-    pending: list[BaseException | None] = [exc]
-    while pending:
-        current = pending.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(
-            current, requests.exceptions.ConnectTimeout | urllib3.exceptions.ConnectTimeoutError
-        ):
-            return True  # urllib3's NewConnectionError is a ConnectTimeoutError too
-        reason = getattr(current, "reason", None)
-        pending.extend([current.__cause__, current.__context__])
-        pending.extend(arg for arg in (*current.args, reason) if isinstance(arg, BaseException))
-    return False
+    # urllib3's NewConnectionError is a ConnectTimeoutError too
+    never = requests.exceptions.ConnectTimeout | urllib3.exceptions.ConnectTimeoutError
+    return any(isinstance(link, never) for link in _chain(exc))
 
 
 def _create_failure(exc: Exception, secrets: tuple[str, ...]) -> CloudError:
@@ -221,7 +295,7 @@ def _create_failure(exc: Exception, secrets: tuple[str, ...]) -> CloudError:
     error = _translate(exc, secrets)
     if not isinstance(error, CloudUnavailable) or isinstance(error, CreateNotSent | CreateInDoubt):
         return error  # a rate limit's refusal (RateLimited) is a CreateNotSent
-    message = _scrub(str(exc) or type(exc).__name__, secrets)
+    message = _message(exc, secrets)
     if _never_sent(exc):
         return CreateNotSent(message)
     return CreateInDoubt(message)

@@ -71,10 +71,16 @@ class ProblemChange:
     lasted: float = 0.0  # seconds in the state, when it ends
 
 
-@dataclass(slots=True)
-class _Active:
+@dataclass(frozen=True, slots=True)
+class ActiveProblem:
+    """A server in a problem state now: since when (the review that first saw it) and why
+    (the detail logged when it began)."""
+
+    server_id: str
+    problem: Problem
     group_id: str
     since: float
+    detail: str
 
 
 def _created_at(server: Server) -> float | None:
@@ -96,14 +102,12 @@ def _sharing(server: Server, snapshot: Snapshot, marked: Container[str]) -> int:
     )
 
 
-def _minutes(seconds: float) -> str:
-    return f"{seconds / 60:.0f}m"
-
-
 def _span(seconds: float) -> str:
-    """A configured span, in hours when it is whole hours."""
+    """A configured span as an operator writes it: seconds, whole hours, or minutes."""
+    if seconds < 120:  # noqa: PLR2004
+        return f"{seconds:g}s"
     hours, rest = divmod(seconds, 3600)
-    return f"{hours:.0f}h" if hours and not rest else _minutes(seconds)
+    return f"{hours:.0f}h" if not rest else f"{seconds / 60:.0f}m"
 
 
 class ProblemWatch:
@@ -117,7 +121,7 @@ class ProblemWatch:
         self._candidates: set[str] = set()
         self._deleting_since: dict[str, float] = {}  # first review that saw it being deleted
         self._building_since: dict[str, float] = {}  # first review that saw it in BUILD
-        self._active: dict[tuple[str, Problem], _Active] = {}
+        self._active: dict[tuple[str, Problem], ActiveProblem] = {}
 
     def observe(self, servers: Iterable[Server]) -> None:
         """Servers a listing brought (new or changed): looked at in the next review."""
@@ -126,6 +130,14 @@ class ProblemWatch:
     def active(self) -> dict[tuple[str, Problem], str]:
         """(server id, problem) -> group id, for every problem that holds now."""
         return {key: entry.group_id for key, entry in self._active.items()}
+
+    def listed(self) -> list[ActiveProblem]:
+        """Every problem that holds now, by problem, then the longest-standing first."""
+        order = {problem: index for index, problem in enumerate(Problem)}
+        return sorted(
+            self._active.values(),
+            key=lambda entry: (order[entry.problem], entry.since, entry.server_id),
+        )
 
     def counts(self) -> dict[tuple[str, Problem], int]:
         """(group id, problem) -> how many servers are in it."""
@@ -189,13 +201,17 @@ class ProblemWatch:
             watch = True
         if marked or server.is_deleting:
             since = self._deleting_since.setdefault(server.server_id, now)
-            if now - since >= self.settings.stuck_delete_after:
-                found.append((Problem.DELETE_STUCK, f"being deleted for {_minutes(now - since)}"))
+            after = self.settings.stuck_delete_after
+            if now - since >= after:
+                detail = f"being deleted longer than reconcile.stuck_delete_after ({_span(after)})"
+                found.append((Problem.DELETE_STUCK, detail))
             watch = True
         elif server.status == "BUILD":
             since = _created_at(server) or self._building_since.setdefault(server.server_id, now)
-            if now - since >= self.settings.stuck_build_after:
-                found.append((Problem.BUILD_STUCK, f"in BUILD for {_minutes(now - since)}"))
+            after = self.settings.stuck_build_after
+            if now - since >= after:
+                detail = f"in BUILD longer than reconcile.stuck_build_after ({_span(after)})"
+                found.append((Problem.BUILD_STUCK, detail))
             watch = True
         return found if watch else None
 
@@ -205,7 +221,7 @@ class ProblemWatch:
         changes: list[ProblemChange] = []
         for key, (group_id, detail) in holding.items():
             if key not in self._active:
-                self._active[key] = _Active(group_id, now)
+                self._active[key] = ActiveProblem(key[0], key[1], group_id, now, detail)
                 changes.append(ProblemChange(key[1], key[0], group_id, started=True, detail=detail))
         for key in [k for k in self._active if k not in holding]:
             entry = self._active.pop(key)

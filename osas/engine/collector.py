@@ -55,6 +55,15 @@ class EngineCollector(Collector):
         if seconds is not None:
             age.add_metric([], seconds)
         yield age
+        failing = _gauge(
+            "osas_reconcile_failing_seconds",
+            "Seconds since syncs with OpenStack began failing, the first sync's attempts "
+            "included; 0 once one works. The cause: /status (syncs.last_error) and the "
+            "status label of osas_openstack_requests_total.",
+        )
+        since = self._reconciler.status.failing_since
+        failing.add_metric([], 0.0 if since is None else self._clock() - since)
+        yield failing
         refused = _gauge(
             "osas_credentials_refused",
             "1 while OpenStack refuses osas's credentials (401 after a fresh token): creates "

@@ -80,6 +80,10 @@ class SyncStatus:
     incremental_syncs: int = 0
     failures: int = 0
     last_error: str | None = None
+    # Failures since the last sync that worked, and when the first of them came (the
+    # reconciler's clock): an outage's length, also before the first sync ever worked.
+    consecutive_failures: int = 0
+    failing_since: float | None = None
     # Why OpenStack refuses osas's credentials, while it does (an operator's error).
     credentials_refused: str | None = None
     # Nova's clock minus osas's, seconds, as the last listing's Date header showed it.
@@ -232,6 +236,8 @@ class Reconciler:
         else:
             self.status.incremental_syncs += 1
         self.status.last_error = None
+        self.status.consecutive_failures = 0
+        self.status.failing_since = None
         carry_out(orders, self._queue, self._metrics)
         if self._metrics is not None:
             self._metrics.record_sync(full=full, seconds=time.perf_counter() - begun)
@@ -288,9 +294,23 @@ class Reconciler:
             self._offset_warned = False
             logger.info("Nova's clock and osas's agree again", nova_minus_osas_seconds=offset)
 
+    async def verify_cloud(self) -> str:
+        """The cloud checked before the first sync (``Cloud.verify``); its failure counts as
+        a failed sync, so that /status and the metrics show why the first one is not done."""
+        try:
+            return await self._cloud.verify()
+        except CloudError as exc:
+            self._failed(exc)
+            if self._metrics is not None:
+                self._metrics.record_sync(full=True, seconds=None)
+            raise
+
     def _failed(self, exc: CloudError) -> None:
         self.status.failures += 1
         self.status.last_error = str(exc)
+        self.status.consecutive_failures += 1
+        if self.status.failing_since is None:
+            self.status.failing_since = self._clock()
         if isinstance(exc, CredentialsRefused):
             if self.status.credentials_refused is None:
                 # Said once, when it starts: creates wait meanwhile, none is reported failed.
@@ -458,19 +478,20 @@ class Reconciler:
         """Sync after every ``reconcile.interval``, or sooner when nudged, for ever. Failures
         are logged and retried with backoff; the inventory keeps its last good state meanwhile.
         The first sync is the caller's (the app does it before serving)."""
-        failures = 0
         while True:
             delay = self._settings.reconcile.interval
+            failures = self.status.consecutive_failures
             if failures:
                 delay = min(delay, self._settings.reconcile.retry_backoff * 2 ** min(failures, 6))
             await self._wait(delay)
             try:
                 await self.reconcile_once()
             except CloudError as exc:
-                failures += 1
-                logger.warning("sync failed", error=str(exc), consecutive_failures=failures)
-            else:
-                failures = 0
+                logger.warning(
+                    "sync failed",
+                    error=str(exc),
+                    consecutive_failures=self.status.consecutive_failures,
+                )
 
     async def _wait(self, delay: float) -> None:
         """Until ``delay`` has passed, or a nudge (Refresh) came. Nudges start at most one

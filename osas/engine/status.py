@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio.lowlevel
@@ -26,6 +27,8 @@ CREATE_STATES = tuple(state.value.replace("-", "_") for state in CreateState)
 PROBLEMS = tuple(problem.value for problem in Problem)
 # Servers counted between two turns of the event loop (about a millisecond).
 _COUNT_SLICE = 5000
+# Servers in a problem state listed one by one (the rest are counted).
+PROBLEM_SERVERS_SHOWN = 50
 
 
 def server_state(server: Server, ledger: Ledger) -> str:
@@ -126,10 +129,21 @@ class Census:
 
 
 @dataclass(frozen=True, slots=True)
+class ReloadOutcome:
+    """The last reload of the configuration file that was applied or rejected: when (wall
+    clock), and why a rejected one was."""
+
+    applied: bool
+    at: float
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class StatusSources:
     """Everything ``/status`` reads, wired by the app."""
 
     version: str
+    config_file: str | None
     inventory: Inventory
     queue: TaskQueue
     reconciler: Reconciler
@@ -139,6 +153,8 @@ class StatusSources:
     readiness: Callable[[], str | None]  # None when ready, else why not
     rejected_certificate_reloads: Callable[[], int]
     leadership: Callable[[], dict[str, object]]  # the leader election's own status
+    last_reload: Callable[[], ReloadOutcome | None] = lambda: None
+    wall_clock: Callable[[], float] = time.time
 
 
 def _headroom(inventory: Inventory, group_id: str) -> dict[str, Any] | None:
@@ -147,7 +163,52 @@ def _headroom(inventory: Inventory, group_id: str) -> dict[str, Any] | None:
     if inventory.quota.quota is None:
         return None
     headroom = inventory.headroom(group_id)
-    return {"servers": headroom.count, **headroom.by_resource}
+    return {"servers": headroom.count, "limited_by": headroom.limiting(), **headroom.by_resource}
+
+
+def _problem_servers(sources: StatusSources) -> list[dict[str, Any]]:
+    """The servers in a problem state, the first ``PROBLEM_SERVERS_SHOWN`` of them: which,
+    how old (by Nova's ``created``), for how long, and why."""
+    snapshot, now = sources.inventory.snapshot, sources.wall_clock()
+    listed = []
+    for entry in sources.reconciler.problems.listed()[:PROBLEM_SERVERS_SHOWN]:
+        server = snapshot.get(entry.server_id)
+        created = _wall_time(server.created) if server is not None else None
+        listed.append(
+            {
+                "problem": entry.problem.value,
+                "group": entry.group_id,
+                "id": entry.server_id,
+                "name": server.name if server is not None else None,
+                "age_seconds": None if created is None else round(now - created),
+                "for_seconds": round(now - entry.since),
+                "reason": entry.detail,
+            }
+        )
+    return listed
+
+
+def _wall_time(iso: str) -> float | None:
+    """Nova's ISO 8601 time as seconds since the epoch (None when it is not one)."""
+    try:
+        when = datetime.fromisoformat(iso)
+    except ValueError:
+        return None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+
+
+def _reload(sources: StatusSources) -> dict[str, Any] | None:
+    """The last reload applied or rejected; a rejected one left the configuration before it
+    in force."""
+    outcome = sources.last_reload()
+    if outcome is None:
+        return None
+    return {
+        "result": "applied" if outcome.applied else "rejected",
+        "at": datetime.fromtimestamp(outcome.at, UTC).isoformat(timespec="seconds"),
+        "seconds_ago": round(sources.wall_clock() - outcome.at, 1),
+        "reason": outcome.reason,
+    }
 
 
 def _group_problems(reconciler: Reconciler, now: float) -> list[dict[str, Any]]:
@@ -194,7 +255,11 @@ def build_status(sources: StatusSources) -> dict[str, Any]:
     not_ready = sources.readiness()
     held = inventory.ledger.headroom_held(sources.clock())
     offset = sync.nova_clock_offset
+    problem_count = sum(problems.values())
+    failing = None if sync.failing_since is None else sources.clock() - sync.failing_since
     return {
+        "cluster_name": inventory.cluster.cluster_name,
+        "config_file": sources.config_file,
         "version": sources.version,
         "ready": not_ready is None,
         "not_ready_reason": not_ready,
@@ -204,6 +269,8 @@ def build_status(sources: StatusSources) -> dict[str, Any]:
             "incremental": sync.incremental_syncs,
             "failures": sync.failures,
             "last_error": sync.last_error,
+            "consecutive_failures": sync.consecutive_failures,
+            "failing_for_seconds": None if failing is None else round(failing, 1),
             "nova_clock_offset_seconds": None if offset is None else round(offset, 1),
             "clock_jumps": sync.clock_jumps,
         },
@@ -218,6 +285,9 @@ def build_status(sources: StatusSources) -> dict[str, Any]:
         },
         "groups": groups,
         "problems": problems,
-        "group_problems": _group_problems(sources.reconciler, time.time()),
+        "problem_servers": (shown := _problem_servers(sources)),
+        "problem_servers_not_shown": problem_count - len(shown),
+        "group_problems": _group_problems(sources.reconciler, sources.wall_clock()),
+        "config_reload": _reload(sources),
         "rejected_certificate_reloads": sources.rejected_certificate_reloads(),
     }
