@@ -189,7 +189,9 @@ def _add_status(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "what a running osas is doing, read from /status on its metrics_listen",
         "What a running osas is doing, read over HTTP from /status on its metrics port: "
         "leader or standby, node groups, servers, failures, queue (docs/operations.md). Give "
-        "--url, or --config: the configuration's metrics_listen.",
+        "--url, or --config: of that file only metrics_listen is read (OSAS_METRICS_LISTEN "
+        "overrides it, as for serve), so a file osas refuses still serves, after a rejected "
+        "reload too.",
     )
     status.add_argument(
         "--url", type=arguments.http_url, help="the metrics port, e.g. http://127.0.0.1:9090"

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from osas.cli.exit_codes import EXIT_CLOUD, EXIT_CONFIG, CommandError
 from osas.cli.status_table import render_status
-from osas.config import CONFIG_ENV, ConfigError, load_config
+from osas.config import CONFIG_ENV, ConfigError
+from osas.config.metrics_port import metrics_listen_in
 from osas.service.ops_server import fetch_status
 
 
@@ -25,14 +26,12 @@ def _url_from(path: Path | None) -> str:
     if path is None:
         raise CommandError(f"give --url URL, --config FILE or set {CONFIG_ENV}", EXIT_CONFIG)
     try:
-        config = load_config(path)
+        listen = metrics_listen_in(path)
     except ConfigError as exc:
-        problems = str(exc)  # one per line: on the same line when there is one
-        separator = "\n" if "\n" in problems else " "
-        raise CommandError(f"configuration error:{separator}{problems}", EXIT_CONFIG) from exc
-    if config.metrics_listen is None:
+        raise CommandError(f"{exc}: no metrics_listen to read; give --url", EXIT_CONFIG) from exc
+    if listen is None:
         raise CommandError(f"{path} sets no metrics_listen; give --url", EXIT_CONFIG)
-    return status_url(config.metrics_listen)
+    return status_url(listen)
 
 
 def run(args: argparse.Namespace) -> int:

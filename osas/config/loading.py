@@ -33,7 +33,8 @@ class _YamlSource(PydanticBaseSettingsSource):
         return self._data
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def yaml_document(path: Path) -> object:
+    """The file read as YAML, whatever it holds; a ConfigError saying why it cannot be."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -41,9 +42,13 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: {_yaml_problem(exc)}") from None
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    data = yaml_document(path)
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -126,6 +126,14 @@ def a_list_in(name: str) -> Callable[[Path], Callable[[], None]]:
     return setup
 
 
+def unclosed_quote_in(name: str) -> Callable[[Path], Callable[[], None]]:
+    def setup(cwd: Path) -> Callable[[], None]:
+        (cwd / name).write_text("metrics_listen: '127.0.0.1:9090\n")
+        return lambda: None
+
+    return setup
+
+
 def nothing(cwd: Path) -> Callable[[], None]:
     (cwd / "osas.yaml").write_text("cluster_name: c\n")
     return lambda: None
@@ -138,6 +146,7 @@ CASES: dict[str, Callable[[Path], Callable[[], None]]] = {
     "osas check-config --config missing.yaml": nothing,
     "osas check-config --config osas.yaml --wait soon": nothing,
     "osas status": nothing,
+    "osas status --config broken.yaml": unclosed_quote_in("broken.yaml"),
     "osas status --url 127.0.0.1:8088": nothing,
     "osas status --url http://127.0.0.1:9": nothing,
     "osas certs --out certs": a_file_named("certs"),
