@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -113,6 +114,13 @@ def wait_for(what: str, check: Any, timeout: float = 60.0) -> Any:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.1)
     return result
+
+
+def free_port() -> int:
+    """A port nothing listens on now, on 127.0.0.1 (for an address a file must name)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def write_config(tmp_path: Path, data: dict[str, Any], name: str = "osas.yaml") -> Path:

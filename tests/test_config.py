@@ -16,7 +16,7 @@ import structlog
 import yaml
 from support import config_data, write_config
 
-import osas.cli
+import osas.cli.serve
 from osas.cloud.openstack_settings import OpenStackSettings
 from osas.config import ConfigError, OsasConfig, load_config, schema
 from osas.domain.ledger import LedgerSettings
@@ -1093,7 +1093,7 @@ def no_start(monkeypatch):
         started.append(args)
         raise AssertionError("osas serve started despite a bad configuration")
 
-    monkeypatch.setattr(osas.cli, "App", refuse)
+    monkeypatch.setattr(osas.cli.serve, "App", refuse)
     return started
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from support import (
     config_data,
     config_on,
     expect_status,
+    free_port,
     osas_serve,
     ours,
     read_events,
@@ -108,12 +108,6 @@ async def until(
             msg = f"timed out waiting for {what}"
             raise AssertionError(msg)
         await asyncio.sleep(0.1)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 async def start(tmp_path, sim: SimulatedOpenStack, *, wait: bool = True, **overrides) -> Provider:

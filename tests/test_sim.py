@@ -1080,6 +1080,23 @@ def test_control_api_seeds_breaks_and_counts(slow_sim):
         conn.close()
 
 
+def test_control_api_lists_its_endpoints_at_its_root(slow_sim):
+    """``GET /_sim/`` (or ``/_sim``) answers the list of the control endpoints, each served:
+    a GET answers, and a path only POST or DELETE take answers 405, not 404."""
+    for root in ("/_sim/", "/_sim"):
+        status, index = control(slow_sim, "GET", root)
+        assert status == 200, root
+    endpoints = index["endpoints"]
+    assert all(set(e) == {"method", "path", "does"} and e["does"] for e in endpoints)
+    listed = {(e["method"], e["path"]) for e in endpoints}
+    assert {("GET", "/_sim/"), ("POST", "/_sim/faults"), ("POST", "/_sim/calls/reset")} <= listed
+    gets = {path for method, path in listed if method == "GET"}
+    for _, path in listed:
+        status, _ = control(slow_sim, "GET", path.replace("{server_id}", "no-such-server"))
+        assert status == (200 if path in gets else 405), path
+    assert control(slow_sim, "GET", "/_sim/nothing-here")[0] == 404
+
+
 def control_api_round(sim, conn):
     status, seeded = control(
         sim, "POST", "/_sim/servers", {"name": "w", "tags": [TAG], "count": 3, "status": "BUILD"}

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from support import (
     config_data,
     eventually,
     expect_status,
+    free_port,
     increase_once_allowed,
     kept,
     write_config,
@@ -42,12 +42,6 @@ LEASE_DURATION = 2.0
 RENEW_DEADLINE = 1.2
 RETRY_PERIOD = 0.2
 WINDOW = 3.0  # create_doubt_window: longer than api_timeout and Nova's stall below
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def group(max_size: int) -> dict:

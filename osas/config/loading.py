@@ -49,14 +49,28 @@ class _Document:
     repeated: list[tuple[Location, list[yaml.Mark]]] = field(default_factory=list)
 
 
-def _read_yaml(path: Path) -> _Document:
+def _read_text(path: Path) -> str:
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
-    loader = yaml.SafeLoader(text)
+
+
+def yaml_document(path: Path) -> object:
+    """The file read as YAML, whatever it holds (keys given twice included: the last wins);
+    a ConfigError saying why it cannot be. For ``osas status``, which wants one key of a file
+    osas may have refused."""
+    text = _read_text(path)
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: {_yaml_problem(exc)}") from None
+
+
+def _read_yaml(path: Path) -> _Document:
+    loader = yaml.SafeLoader(_read_text(path))
     try:
         node = loader.get_single_node()
         # The layout is read before the data is built: building merges `<<: *defaults` into

@@ -30,6 +30,7 @@ the servers compactly:
   ``POST /_sim/identity/revoke``: every token issued so far is refused from now on.
 - ``POST /_sim/activate`` (optionally ``{"id": ...}``), ``GET /_sim/calls`` (and the
   requests the rate limit answered 429, ``throttled``), ``POST /_sim/calls/reset``.
+- ``GET /_sim/``: the list of these, each with its method, path and what it does.
 """
 
 from __future__ import annotations
@@ -82,25 +83,34 @@ class Control:
         self.identity = identity
 
     def register(self, router: Router) -> None:
+        # (method, path, handler, what it does): the index at /_sim/ is made of the last part.
         routes = [
-            ("POST", "/_sim/servers", self._seed),
-            ("GET", "/_sim/servers", self._servers),
-            ("DELETE", "/_sim/servers/{server_id}", self._delete),
-            ("GET", "/_sim/faults", self._faults),
-            ("POST", "/_sim/faults", self._set_faults),
-            ("GET", "/_sim/quota", self._quota),
-            ("POST", "/_sim/quota", self._set_quota),
-            ("GET", "/_sim/nova", self._timings),
-            ("POST", "/_sim/nova", self._set_timings),
-            ("GET", "/_sim/identity", self._identity),
-            ("POST", "/_sim/identity", self._set_identity),
-            ("POST", "/_sim/identity/revoke", self._revoke_tokens),
-            ("POST", "/_sim/activate", self._activate),
-            ("GET", "/_sim/calls", self._calls),
-            ("POST", "/_sim/calls/reset", self._reset_calls),
+            ("GET", "/_sim/", self._index, "this list"),
+            ("POST", "/_sim/servers", self._seed, "seed servers behind osas's back"),
+            ("GET", "/_sim/servers", self._servers, "list servers (?deleted=true: with deleted)"),
+            ("DELETE", "/_sim/servers/{server_id}", self._delete, "delete a server"),
+            ("GET", "/_sim/faults", self._faults, "the faults injected"),
+            ("POST", "/_sim/faults", self._set_faults, "inject faults"),
+            ("GET", "/_sim/quota", self._quota, "Nova's, Neutron's and Cinder's quotas"),
+            ("POST", "/_sim/quota", self._set_quota, "set quotas"),
+            ("GET", "/_sim/nova", self._timings, "build_seconds, delete_seconds, clock_offset"),
+            ("POST", "/_sim/nova", self._set_timings, "set Nova's timings and clock"),
+            ("GET", "/_sim/identity", self._identity, "token lifetime and refusals"),
+            ("POST", "/_sim/identity", self._set_identity, "set token lifetime and refusals"),
+            ("POST", "/_sim/identity/revoke", self._revoke_tokens, "revoke every token issued"),
+            ("POST", "/_sim/activate", self._activate, 'finish builds (all, or {"id": ...})'),
+            ("GET", "/_sim/calls", self._calls, "requests counted by operation, and throttled"),
+            ("POST", "/_sim/calls/reset", self._reset_calls, "reset the counts"),
         ]
-        for method, path, handler in routes:
+        self._endpoints = [
+            {"method": method, "path": path, "does": does} for method, path, _, does in routes
+        ]
+        for method, path, handler, _ in routes:
             router.add(method, path, "control", handler, authenticated=False)
+
+    def _index(self, request: Request) -> Response:
+        del request
+        return Response.json(200, {"endpoints": self._endpoints})
 
     def _body(self, request: Request) -> Any:
         return request.json(lambda message: _refuse(400, message))

@@ -349,7 +349,7 @@ class SimulatedOpenStack(BackgroundHttp):
             body=body,
             base_url=self.base_url,
         )
-        control = request.path.startswith("/_sim/")
+        control = request.path == "/_sim" or request.path.startswith("/_sim/")
         router = self._control if control else self._router
         matched = router.match(request.method, request.path)
         if matched is None:
@@ -528,7 +528,7 @@ def describe(simulator: SimulatedOpenStack, clouds_yaml: Path | None) -> str:
         f"  security groups: {', '.join(g.name for g in simulator.security_groups())}",
         f"  keypairs: {', '.join(k.name for k in simulator.keypairs())}",
         f"  server groups: {', '.join(g.name for g in simulator.server_groups())}",
-        f"  control API: {simulator.base_url}/_sim/ (faults, quota, servers)",
+        f"  control API: {simulator.base_url}/_sim/ (GET it: faults, quota, servers...)",
     ]
     return "\n".join(lines)
 
