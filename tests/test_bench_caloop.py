@@ -4,18 +4,10 @@ report section with two labelled runs side by side."""
 
 from __future__ import annotations
 
-from osas.bench.caloop import (
-    CaLoopRun,
-    Plan,
-    Side,
-    SizeRow,
-    Spent,
-    load_runs,
-    measure_caloop,
-    save_run,
-)
+from osas.bench.caloop import Plan, measure_caloop
+from osas.bench.processes import Tls
 from osas.bench.report import CALOOP_BEGIN, CALOOP_END, replace_caloop_section
-from osas.bench.run import Tls
+from osas.bench.results import CaLoopRun, Side, SizeRow, Spent, load_runs, save_run
 
 MACHINE = {
     "cpu": "a CPU",

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from osas.bench.results import (
+    BurstResult,
+    CaLoopRun,
+    Figure,
+    SizeResult,
+    StartupRow,
+    TakeoverResult,
+)
 from osas.engine.settings import ReconcileSettings
-
-if TYPE_CHECKING:
-    from osas.bench.burst import BurstResult
-    from osas.bench.caloop import CaLoopRun
-    from osas.bench.run import Figure, SizeResult
-    from osas.bench.startup import StartupRow
-    from osas.bench.takeover import TakeoverResult
 
 # The targets of issue 10, in the order of its table: (figure key, size it is judged at).
 TARGETS = (
