@@ -21,8 +21,9 @@ with CA's default options. Besides whole loops, each hot method alone (the calls
 GetOptions, or of its NodeGroupForNode, repeated to at least ``MIN_CALLS`` calls a round), and
 each server idle for one sync interval (osas's syncs are in its loops' figures too).
 
-``python -m osas.bench.caloop [--nodes 1000 5000 10000] [--rounds R] [--label TEXT]
-[--osas-python PATH] [--out PATH]`` measures this, keeps the run as
+``osas bench`` measures this with everything else (``osas.bench.run``), and keeps it as the run
+labelled ``latest``. ``python -m osas.bench.caloop [--nodes 1000 5000 10000] [--rounds R]
+[--label TEXT] [--osas-python PATH] [--out PATH]`` measures it alone, keeps the run as
 ``benchmarks/caloop-<label>.json`` next to the report, and rewrites only its section of the
 report, with every labelled run kept there side by side (``--label before`` with an older
 checkout's osas through ``--osas-python``, then ``--label after``). ``--serve-bare FILE`` is the

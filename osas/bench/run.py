@@ -12,8 +12,10 @@ NodeGroupNodes and TemplateNodeInfo per group) is replayed for a while at the de
 interval (idle tails), then once more against an osas that resyncs every 20 s (tails during
 complete listings, Nova traffic, memory). Last, 100 creates at the default settings, the time
 a warm standby takes to become the writer under a Kubernetes Lease (``osas.bench.takeover``), a
-burst of 1,000 creates against a cloud that allows 5 a second (``osas.bench.burst``) and the
-start-up of ``osas serve`` (``osas.bench.startup``).
+burst of 1,000 creates against a cloud that allows 5 a second (``osas.bench.burst``), CA's loop
+by the server's CPU at 1k / 5k / 10k nodes (1k / 5k quick; ``osas.bench.caloop``, kept as the
+run labelled ``latest`` beside earlier labelled runs) and the start-up of ``osas serve``
+(``osas.bench.startup``).
 
 The measures are built on the benchmark's kit (``processes``: what they start; ``client``: CA's
 side) and hand their figures (``results``) to the report (``report``); none of those imports
@@ -40,6 +42,8 @@ from typing import Any
 import requests
 
 from osas.bench.burst import measure_burst
+from osas.bench.caloop import Plan as CaLoopPlan
+from osas.bench.caloop import measure_caloop
 from osas.bench.client import Call, Client, Timed, for_node, nodes, options, target_size, template
 from osas.bench.processes import (
     CLUSTER,
@@ -52,8 +56,13 @@ from osas.bench.processes import (
     sim_get,
     start_osas,
 )
-from osas.bench.report import replace_startup_section, replace_takeover_section, write_report
-from osas.bench.results import KINDS, Figure, SizeResult
+from osas.bench.report import (
+    replace_caloop_section,
+    replace_startup_section,
+    replace_takeover_section,
+    write_report,
+)
+from osas.bench.results import KINDS, Figure, SizeResult, load_runs, save_run
 from osas.bench.startup import measure_startup
 from osas.bench.takeover import measure_takeover
 from osas.engine.settings import ReconcileSettings
@@ -61,6 +70,9 @@ from osas.protocol import externalgrpc_pb2 as pb
 from osas.sim.server import DEFAULT_DOMAIN, DEFAULT_PASSWORD, DEFAULT_PROJECT, DEFAULT_USER
 
 CREATES = 100
+# The CA loop's run that `osas bench` keeps next to the report, replaced by the next one; runs
+# kept under other labels (python -m osas.bench.caloop --label) stay beside it.
+CA_LOOP_LABEL = "latest"
 _NEXT = re.compile(rb'"servers_links"\s*:\s*\[\{"rel"\s*:\s*"next"\s*,\s*"href"\s*:\s*"([^"]+)"')
 
 
@@ -79,10 +91,16 @@ class Plan:
     load_calls: int  # TargetSize calls timed with and without load on the metrics port
     takeover_rounds: int  # a kill and a clean stop each (osas.bench.takeover)
     burst_rounds: int  # a burst against a rate-limited cloud each (osas.bench.burst)
+    ca_loop: CaLoopPlan  # CA's loop by the server's CPU (osas.bench.caloop)
 
 
-FULL = Plan((1_000, 10_000, 50_000), 5, 2_000, 300, 20, 12.0, 65.0, 500, 3, 45.0, 500, 3, 1)
-QUICK = Plan((1_000, 5_000), 2, 500, 100, 10, 11.0, 25.0, 200, 2, 25.0, 200, 2, 1)
+# CA's loop: at 1k / 5k / 10k nodes in full (caloop's defaults), 1k / 5k quick.
+FULL = Plan(
+    (1_000, 10_000, 50_000), 5, 2_000, 300, 20, 12.0, 65.0, 500, 3, 45.0, 500, 3, 1, CaLoopPlan()
+)
+QUICK = Plan(
+    (1_000, 5_000), 2, 500, 100, 10, 11.0, 25.0, 200, 2, 25.0, 200, 2, 1, CaLoopPlan((1_000, 5_000))
+)
 # What else the project holds besides the cluster's servers: as many servers of another
 # cluster, 1% of which change every minute in the churn phase.
 OTHERS_PER_SERVER = 1
@@ -563,6 +581,8 @@ async def run(
     *,
     start_up_only: bool,
     takeover_only: bool = False,
+    ca_loop_only: bool = False,
+    ca_loop_label: str = CA_LOOP_LABEL,
 ) -> None:
     with tempfile.TemporaryDirectory(prefix="osas-bench-") as temporary:
         folder = Path(temporary)
@@ -575,13 +595,26 @@ async def run(
             takeover = await measure_takeover(plan.takeover_rounds, tls, folder)
             replace_takeover_section(out, takeover, machine())
             return
+        if ca_loop_only:
+            save_run(out, await measure_caloop(plan.ca_loop, tls, folder, ca_loop_label))
+            replace_caloop_section(out, load_runs(out))
+            return
         results = [await measure_size(plan, size, tls, folder) for size in plan.sizes]
         creates = await measure_creates(plan, tls, folder)
         takeover = await measure_takeover(plan.takeover_rounds, tls, folder)
         burst = await measure_burst(plan.burst_rounds, tls, folder)
+        save_run(out, await measure_caloop(plan.ca_loop, tls, folder, ca_loop_label))
         startup = await measure_startup(plan.rounds, tls, folder, compare_with)
     write_report(
-        out, machine(), dataclasses.asdict(plan), results, creates, startup, takeover, burst
+        out,
+        machine(),
+        dataclasses.asdict(plan),
+        results,
+        creates,
+        startup,
+        takeover,
+        burst,
+        load_runs(out),
     )
 
 
@@ -594,19 +627,38 @@ def run_benchmark(
     compare_with: Path | None = None,
     start_up_only: bool = False,
     takeover_only: bool = False,
+    ca_loop_only: bool = False,
+    ca_loop_label: str = CA_LOOP_LABEL,
 ) -> int:
     """``osas bench``: the plan, with the sizes and rounds asked for, and the report written
-    (``start_up_only``, ``takeover_only``: only that section of it, ``rounds`` then being that
-    measure's rounds)."""
-    if sizes:
-        plan = dataclasses.replace(plan, sizes=sizes)
-    if rounds:
-        plan = dataclasses.replace(plan, rounds=rounds)
-        if takeover_only:
-            plan = dataclasses.replace(plan, takeover_rounds=rounds)
-    run_plan = run(
-        plan, out, compare_with, start_up_only=start_up_only, takeover_only=takeover_only
+    (``start_up_only``, ``takeover_only``, ``ca_loop_only``: only that section of it,
+    ``rounds`` then being that measure's rounds, and with ``ca_loop_only`` ``sizes`` its node
+    counts). The CA loop's run is kept next to the report under ``ca_loop_label``, which
+    replaces an earlier run of that label alone."""
+    if ca_loop_only:
+        ca_loop = plan.ca_loop
+        if sizes:
+            ca_loop = dataclasses.replace(ca_loop, sizes=sizes)
+        if rounds:
+            ca_loop = dataclasses.replace(ca_loop, rounds=rounds)
+        plan = dataclasses.replace(plan, ca_loop=ca_loop)
+    else:
+        if sizes:
+            plan = dataclasses.replace(plan, sizes=sizes)
+        if rounds:
+            plan = dataclasses.replace(plan, rounds=rounds)
+            if takeover_only:
+                plan = dataclasses.replace(plan, takeover_rounds=rounds)
+    asyncio.run(
+        run(
+            plan,
+            out,
+            compare_with,
+            start_up_only=start_up_only,
+            takeover_only=takeover_only,
+            ca_loop_only=ca_loop_only,
+            ca_loop_label=ca_loop_label,
+        )
     )
-    asyncio.run(run_plan)
     print(f"written: {out}")  # noqa: T201
     return 0
