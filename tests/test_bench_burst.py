@@ -3,9 +3,10 @@ processes (``osas sim``, ``osas serve``) as ``osas bench`` runs them, and its re
 
 from __future__ import annotations
 
-from osas.bench.burst import BurstResult, measure_burst
+from osas.bench.burst import measure_burst
+from osas.bench.processes import Tls
 from osas.bench.report import BURST_BEGIN, BURST_END, replace_burst_section
-from osas.bench.run import Tls
+from osas.bench.results import BurstResult
 
 MACHINE = {"date": "2026-01-01 00:00 UTC"}
 

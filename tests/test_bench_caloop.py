@@ -4,18 +4,33 @@ report section with two labelled runs side by side."""
 
 from __future__ import annotations
 
-from osas.bench.caloop import (
+import dataclasses
+import json
+
+from osas.bench.caloop import Plan, measure_caloop
+from osas.bench.processes import Tls
+from osas.bench.report import (
+    BURST_END,
+    CALOOP_BEGIN,
+    CALOOP_END,
+    STARTUP_BEGIN,
+    TAKEOVER_END,
+    replace_caloop_section,
+    write_report,
+)
+from osas.bench.results import (
+    KINDS,
     CaLoopRun,
-    Plan,
+    Figure,
     Side,
     SizeRow,
     Spent,
+    StartupRow,
+    TakeoverResult,
     load_runs,
-    measure_caloop,
     save_run,
 )
-from osas.bench.report import CALOOP_BEGIN, CALOOP_END, replace_caloop_section
-from osas.bench.run import Tls
+from osas.bench.run import QUICK, run_benchmark
 
 MACHINE = {
     "cpu": "a CPU",
@@ -102,3 +117,61 @@ def test_the_section_shows_every_labelled_run_between_its_markers(tmp_path):
     ) in section
     assert "| NodeGroupGetOptions alone, server CPU a call | 300 µs |" in section
     assert "9.00 s" not in section
+
+
+def test_osas_bench_measures_the_ca_loop_as_its_latest_run_beside_the_runs_kept_before(
+    tmp_path, capsys
+):
+    """``osas bench``'s CA-loop-only run (sizes and rounds as asked): the real processes at 50
+    nodes, kept as the run labelled latest next to the report, its section rewritten with the
+    run kept before it side by side and the latest over it."""
+    report = tmp_path / "BENCHMARKS.md"
+    report.write_text(f"# Benchmarks\n\n{STARTUP_BEGIN}\n## Start-up\n")
+    save_run(report, _run("before", 1.0, 2.0))
+    small = Plan(QUICK.ca_loop.sizes, QUICK.ca_loop.rounds, min_calls=500, idle_seconds=0.5)
+    plan = dataclasses.replace(QUICK, ca_loop=small)
+
+    assert run_benchmark(plan, sizes=(50,), rounds=1, out=report, ca_loop_only=True) == 0
+
+    assert capsys.readouterr().out.endswith(f"written: {report}\n")
+    kept = json.loads((tmp_path / "benchmarks" / "caloop-latest.json").read_text())
+    assert (kept["label"], kept["rounds"]) == ("latest", 1)
+    assert [row["nodes"] for row in kept["rows"]] == [50]
+    assert [run.label for run in load_runs(report)] == ["before", "latest"]
+    text = report.read_text()
+    assert text.count(CALOOP_BEGIN) == text.count(CALOOP_END) == 1
+    section = text[text.index(CALOOP_BEGIN) : text.index(CALOOP_END)]
+    assert "**latest**: osas from `" in section
+    assert "| osas latest/before | bare latest/before | osas/bare latest/before |" in section
+    assert "| 50 (258) | server CPU a loop | — | — | — |" in section  # not measured before
+    assert text.index(CALOOP_END) < text.index("## Start-up")
+
+
+def test_the_whole_report_holds_the_ca_loop_section_with_every_kept_run(tmp_path):
+    """The report ``osas bench`` writes from a full run: its How names the CA loop's sizes and
+    the label this run is kept under, and the CA-loop section, between the burst's (here the
+    takeover's) and the start-up's, shows every kept run."""
+    report = tmp_path / "BENCHMARKS.md"
+    machine = {**MACHINE, "system": "Linux"}
+    takeover = TakeoverResult(
+        1_000, {"lease_duration": "15s", "renew_deadline": "10s", "retry_period": "2s"}, "20s"
+    )
+    takeover.add("takeover_killed", 3.0)
+    startup = [StartupRow("bare interpreter", [4.0], [8.5], [25], [0])]
+    runs = [_run("before", 1.0, 2.0), _run("latest", 2.0, 1.5)]
+    plan = dataclasses.asdict(QUICK)
+
+    write_report(report, machine, plan, [], Figure(KINDS["creates"]), startup, takeover, None, runs)
+
+    text = report.read_text()
+    assert "CA's loop as CA 1.36 makes it" in text
+    assert "at\n  1,000 and 5,000 nodes" in text
+    assert "this run kept as\n  **latest** beside the runs kept before it" in text
+    assert "or `python -m osas.bench.caloop`" in text
+    assert text.count(CALOOP_BEGIN) == text.count(CALOOP_END) == 1
+    assert BURST_END not in text
+    assert text.index(TAKEOVER_END) < text.index(CALOOP_BEGIN)
+    assert text.index(CALOOP_END) < text.index(STARTUP_BEGIN)
+    section = text[text.index(CALOOP_BEGIN) : text.index(CALOOP_END)]
+    assert "| before: osas | before: bare | before: osas/bare | latest: osas |" in section
+    assert "| 1,000 (5,008) | server CPU a loop | 2.00 s | 1.00 s | 2.00x | 1.50 s |" in section

@@ -30,7 +30,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -38,22 +38,19 @@ from typing import Any
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from osas.bench.report import replace_burst_section
-from osas.bench.run import (
+from osas.bench.client import Call, Client, nodes
+from osas.bench.processes import (
     CLUSTER,
-    KINDS,
-    Call,
-    Client,
-    Figure,
     Osas,
     Setup,
     Tls,
     machine,
-    nodes,
     sim_get,
     start_osas,
     stop_process,
 )
+from osas.bench.report import replace_burst_section
+from osas.bench.results import BurstResult
 from osas.cloud.openstack_settings import OpenStackSettings
 from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST
 from osas.engine.settings import QueueSettings, ReconcileSettings
@@ -68,30 +65,6 @@ POLL = 1.0  # how often CA's side asks for the group's instances
 GROUP = "g0"
 CREATE = "compute.servers.create"  # the simulator's name for a create, in its counts
 PACE = "osas_openstack_pace_per_second"
-
-
-@dataclass
-class BurstResult:
-    """The burst's figures, over rounds, and what it was measured under."""
-
-    count: int
-    rate: float
-    time_limit: float
-    build_seconds: float
-    rate_limit: float  # osas's openstack.rate_limit
-    workers: int  # osas's queue workers
-    sync_interval: float  # osas's reconcile.interval
-    figures: dict[str, Figure] = field(default_factory=dict)
-
-    @property
-    def ideal(self) -> float:
-        """Seconds for every create at the cloud's rate."""
-        return self.count / self.rate
-
-    def add(self, key: str, value: float, note: str = "") -> None:
-        figure = self.figures.setdefault(key, Figure(KINDS[key]))
-        figure.samples.append(value)
-        figure.note = note or figure.note
 
 
 @dataclass(frozen=True)

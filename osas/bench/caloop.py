@@ -21,8 +21,9 @@ with CA's default options. Besides whole loops, each hot method alone (the calls
 GetOptions, or of its NodeGroupForNode, repeated to at least ``MIN_CALLS`` calls a round), and
 each server idle for one sync interval (osas's syncs are in its loops' figures too).
 
-``python -m osas.bench.caloop [--nodes 1000 5000 10000] [--rounds R] [--label TEXT]
-[--osas-python PATH] [--out PATH]`` measures this, keeps the run as
+``osas bench`` measures this with everything else (``osas.bench.run``), and keeps it as the run
+labelled ``latest``. ``python -m osas.bench.caloop [--nodes 1000 5000 10000] [--rounds R]
+[--label TEXT] [--osas-python PATH] [--out PATH]`` measures it alone, keeps the run as
 ``benchmarks/caloop-<label>.json`` next to the report, and rewrites only its section of the
 report, with every labelled run kept there side by side (``--label before`` with an older
 checkout's osas through ``--osas-python``, then ``--label after``). ``--serve-bare FILE`` is the
@@ -36,9 +37,7 @@ import asyncio
 import base64
 import gc
 import json
-import math
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -46,29 +45,34 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import grpc
 
-from osas.bench.report import replace_caloop_section
-from osas.bench.run import (
-    CA_TIMEOUT,
+from osas.bench.client import CA_TIMEOUT, SERVICE, Client, options, target_size
+from osas.bench.processes import (
     CLUSTER,
-    SERVICE,
-    Client,
     Osas,
     Setup,
     Tls,
     kit,
     machine,
-    options,
     osas_config,
     sim_get,
     stop_process,
-    target_size,
     wait_until_serving,
+)
+from osas.bench.report import replace_caloop_section
+from osas.bench.results import (
+    OPTIONS_PER_NODE,
+    CaLoopRun,
+    Side,
+    SizeRow,
+    Spent,
+    load_runs,
+    save_run,
 )
 from osas.domain.servers import META_CLUSTER, META_GROUP
 from osas.protocol import externalgrpc_pb2 as pb
@@ -76,171 +80,11 @@ from osas.protocol import externalgrpc_pb2 as pb
 SIZES = (1_000, 5_000, 10_000)
 ROUNDS = 2
 GROUPS = 6  # the node groups of CA's cluster; the servers are spread over them
-OPTIONS_PER_NODE = 4  # NodeGroupGetOptions calls CA 1.36 makes per node and loop
 MIN_CALLS = 5_000  # per round of a method alone: enough for the kernel's 10 ms CPU ticks
 IDLE_SECONDS = 10.0  # one sync interval at osas's defaults
 FLAVOR = "m1.small"  # the flavor of osas_config's node groups
 ZONE = "nova"  # the simulator's one availability zone
 SERVERS = ("osas", "bare")
-_LABEL = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-# -- what is measured ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Spent:
-    """One measured stretch of calls against one server."""
-
-    cpu: float  # the server's CPU seconds (user + system) over the stretch
-    wall: float  # seconds, first call to last answer
-    calls: int
-
-
-def _per_call(spent: list[Spent]) -> float:
-    """Server CPU seconds per call, over every stretch (tick-rounding averages out)."""
-    calls = sum(s.calls for s in spent)
-    return sum(s.cpu for s in spent) / calls if calls else math.nan
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else math.nan
-
-
-@dataclass
-class Side:
-    """One server at one size: its stretches, and what it answered in them."""
-
-    loops: list[Spent] = field(default_factory=list)  # whole CA loops
-    options: list[Spent] = field(default_factory=list)  # NodeGroupGetOptions alone
-    for_node: list[Spent] = field(default_factory=list)  # NodeGroupForNode alone
-    idle: Spent | None = None  # no calls, one sync interval
-    # method -> "CODE" or "CODE: details" -> calls so answered, every measured call included
-    answered: dict[str, dict[str, int]] = field(default_factory=dict)
-    unnamed: int = 0  # NodeGroupForNode answers naming no group
-    elsewhere: int = 0  # NodeGroupForNode answers naming a group not the node's
-
-    @property
-    def loop_cpu(self) -> float:
-        return _mean([s.cpu for s in self.loops])
-
-    @property
-    def loop_wall(self) -> float:
-        return _mean([s.wall for s in self.loops])
-
-    @property
-    def loop_per_call(self) -> float:
-        return _per_call(self.loops)
-
-    @property
-    def options_per_call(self) -> float:
-        return _per_call(self.options)
-
-    @property
-    def for_node_per_call(self) -> float:
-        return _per_call(self.for_node)
-
-    @property
-    def idle_share(self) -> float:
-        """CPU seconds a second with nothing asked."""
-        return self.idle.cpu / self.idle.wall if self.idle and self.idle.wall else math.nan
-
-    @classmethod
-    def load(cls, data: dict[str, Any]) -> Side:
-        spent = {key: [Spent(**s) for s in data[key]] for key in ("loops", "options", "for_node")}
-        idle = Spent(**data["idle"]) if data.get("idle") else None
-        return cls(
-            **spent,
-            idle=idle,
-            answered=data["answered"],
-            unnamed=data["unnamed"],
-            elsewhere=data["elsewhere"],
-        )
-
-
-@dataclass
-class SizeRow:
-    """Both servers at one size."""
-
-    nodes: int
-    groups: int
-    calls: int  # per CA loop
-    osas: Side = field(default_factory=Side)
-    bare: Side = field(default_factory=Side)
-
-    def side(self, name: str) -> Side:
-        return self.osas if name == "osas" else self.bare
-
-    def figures(self, side: Side) -> dict[str, float]:
-        """What the report shows of one server at this size (CPU in s, a call's in µs, shares
-        in %, idle in ms a second). The shares are what a method's calls take of the loop's
-        server CPU, from its figure alone: calls a loop x CPU a call / CPU a loop."""
-        loop_cpu = side.loop_cpu or math.nan  # no tick in a tiny loop: no share
-        return {
-            "loop_cpu": side.loop_cpu,
-            "loop_per_call": side.loop_per_call * 1e6,
-            "options_per_call": side.options_per_call * 1e6,
-            "for_node_per_call": side.for_node_per_call * 1e6,
-            "options_share": OPTIONS_PER_NODE * self.nodes * side.options_per_call / loop_cpu * 100,
-            "for_node_share": self.nodes * side.for_node_per_call / loop_cpu * 100,
-            "loop_wall": side.loop_wall,
-            "idle": side.idle_share * 1e3,
-        }
-
-    @classmethod
-    def load(cls, data: dict[str, Any]) -> SizeRow:
-        return cls(
-            data["nodes"],
-            data["groups"],
-            data["calls"],
-            Side.load(data["osas"]),
-            Side.load(data["bare"]),
-        )
-
-
-@dataclass
-class CaLoopRun:
-    """One labelled run: the osas measured, where its code came from, and its rows."""
-
-    label: str
-    osas_source: str  # the osas package `osas serve` ran, and its checkout's commit
-    rounds: int
-    machine: dict[str, str]
-    measured_at: float  # epoch seconds: runs are shown in the order they were measured
-    rows: list[SizeRow] = field(default_factory=list)
-
-    @classmethod
-    def load(cls, data: dict[str, Any]) -> CaLoopRun:
-        rows = [SizeRow.load(row) for row in data["rows"]]
-        return cls(
-            data["label"],
-            data["osas_source"],
-            data["rounds"],
-            data["machine"],
-            data["measured_at"],
-            rows,
-        )
-
-
-def sidecar(out: Path, label: str) -> Path:
-    """Where a labelled run is kept: ``benchmarks/caloop-<label>.json`` next to the report."""
-    return out.parent / "benchmarks" / f"caloop-{_LABEL.sub('-', label)}.json"
-
-
-def save_run(out: Path, run: CaLoopRun) -> Path:
-    path = sidecar(out, run.label)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(asdict(run), indent=1) + "\n")
-    return path
-
-
-def load_runs(out: Path) -> list[CaLoopRun]:
-    """Every labelled run kept next to the report, in the order they were measured."""
-    runs = [
-        CaLoopRun.load(json.loads(path.read_text()))
-        for path in sorted((out.parent / "benchmarks").glob("caloop-*.json"))
-    ]
-    return sorted(runs, key=lambda run: run.measured_at)
 
 
 # -- the server's CPU ---------------------------------------------------------------------------
@@ -390,7 +234,7 @@ class OsasCode:
 
 
 async def start_osas_from(code: OsasCode, setup: Setup, name: str) -> Osas:
-    """``osas serve`` at its defaults (run.py's configuration), from ``code``, once SERVING."""
+    """``osas serve`` at its defaults (``osas_config``), from ``code``, once SERVING."""
     config, port, health, _ = osas_config(setup)
     log = setup.folder / f"{name}.log"
     spawned = time.perf_counter()
@@ -476,7 +320,7 @@ class Loop:
     NodeGroupGetOptions and NodeGroupForNode calls alone."""
 
     def __init__(self, groups: list[str], nodes: list[Node]) -> None:
-        # CA's default options in the request, as run.py's loop sends them.
+        # CA's default options in the request, as the main benchmark's loop sends them.
         get_options = {
             group: _ask(options(group).method, options(group).request) for group in groups
         }
@@ -523,7 +367,7 @@ class Server:
         """The calls, serially; the server's CPU and the wall time they took."""
         stubs = {method: self._stub(method) for method in {ask.method for ask in asks}}
         tally: Counter[Outcome] = Counter()
-        # What this process holds is frozen from its collector meanwhile (as run.Client does):
+        # What this process holds is frozen from its collector meanwhile (as client.Client does):
         # its pauses would stretch the wall time, not the server's CPU.
         gc.freeze()
         try:

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from osas.bench.results import (
+    BurstResult,
+    CaLoopRun,
+    Figure,
+    SizeResult,
+    StartupRow,
+    TakeoverResult,
+)
 from osas.engine.settings import ReconcileSettings
-
-if TYPE_CHECKING:
-    from osas.bench.burst import BurstResult
-    from osas.bench.caloop import CaLoopRun
-    from osas.bench.run import Figure, SizeResult
-    from osas.bench.startup import StartupRow
-    from osas.bench.takeover import TakeoverResult
 
 # The targets of issue 10, in the order of its table: (figure key, size it is judged at).
 TARGETS = (
@@ -123,6 +124,11 @@ size the table names (at every size when it names none).
   its own below.
 - **A burst against a rate-limited cloud**: one large IncreaseSize against a cloud whose rate
   limit is below osas's own, in a section of its own below.
+- **The CA loop, by the server's CPU**: CA's loop as CA 1.36 makes it (Refresh, NodeGroups, a
+  TargetSize per group, and per node a NodeGroupForNode and four GetOptions) at
+  {ca_loop_nodes} nodes, against osas and a bare server answering its bytes and statuses, the
+  servers' own CPU read from /proc; in a section of its own below, this run kept as
+  **{ca_loop_label}** beside the runs kept before it.
 """
 
 HEADER = "| measure | target | min | median | max | n | |\n|---|---|---|---|---|---|---|"
@@ -230,7 +236,7 @@ def replace_burst_section(out: Path, result: BurstResult, machine: dict[str, str
     _replace_section(out, BURST_BEGIN, BURST_END, burst_section(result, machine))
 
 
-CALOOP_BEGIN = "<!-- ca loop: python -m osas.bench.caloop -->"
+CALOOP_BEGIN = "<!-- ca loop: osas bench, or python -m osas.bench.caloop -->"
 CALOOP_END = "<!-- end of ca loop -->"
 # What the CA-loop table shows of each server at a size: ``SizeRow.figures``' key, a name,
 # a unit; ratios are shown for the first four.
@@ -298,11 +304,14 @@ def caloop_section(runs: list[CaLoopRun]) -> list[str]:
             "alone is its calls in a loop, repeated to at least 5,000 a round. The shares are "
             "the method's calls a loop times its CPU a call alone, over the loop's CPU. Idle: "
             "the same stretch of one sync interval with nothing asked (osas's syncs are in "
-            "its loops' figures too). `python -m osas.bench.caloop --label NAME "
-            "[--osas-python CHECKOUT]` measures one osas and keeps it in "
-            "`benchmarks/caloop-NAME.json`; every kept run is shown, and each later one over "
-            "the first: the bare server's is the machine's drift between the runs (it is the "
-            "same code), its osas/bare the change of osas with that drift taken out. "
+            "its loops' figures too). `osas bench` measures this tree's osas at 1,000, 5,000 "
+            "and 10,000 nodes (`--quick`: 1,000 and 5,000) and keeps it as the run **latest** "
+            "in `benchmarks/caloop-latest.json`, replacing the previous one; `python -m "
+            "osas.bench.caloop --label NAME [--osas-python CHECKOUT]` measures one osas (this "
+            "tree's, or an older checkout's) and keeps it in `benchmarks/caloop-NAME.json`. "
+            "Every kept run is shown, and each later one over the first: the bare server's is "
+            "the machine's drift between the runs (it is the same code), its osas/bare the "
+            "change of osas with that drift taken out. "
             f"Machine: {machine['cpu']}, {machine['cores']} cores; Python {machine['python']}, "
             f"grpcio {machine['grpcio']}."
         ),
@@ -387,6 +396,12 @@ def replace_startup_section(out: Path, rows: list[StartupRow], machine: dict[str
     _replace_section(out, STARTUP_BEGIN, STARTUP_END, startup_section(rows, machine))
 
 
+def _counted(numbers: list[int] | tuple[int, ...]) -> str:
+    """1,000, 5,000 and 10,000."""
+    named = [f"{number:,}" for number in numbers]
+    return " and ".join([", ".join(named[:-1]), named[-1]] if len(named) > 1 else named)
+
+
 def write_report(
     out: Path,
     machine: dict[str, str],
@@ -396,22 +411,28 @@ def write_report(
     startup: list[StartupRow],
     takeover: TakeoverResult,
     burst: BurstResult | None = None,
+    ca_loop: list[CaLoopRun] | None = None,
 ) -> None:
+    """The whole report from one run (``ca_loop``: every kept run of the CA loop, this run's
+    last)."""
     by_size = {result.servers: result for result in results}
     defaults = ReconcileSettings()
     how = HOW.format(
         **plan,
         interval=defaults.interval,
         full_resync_minutes=defaults.full_resync_interval / 60,
+        ca_loop_nodes=_counted(plan["ca_loop"]["sizes"]),
+        ca_loop_label=ca_loop[-1].label if ca_loop else "—",
     )
     lines = [
         "# Benchmarks",
         "",
         (
             "Written by `osas bench` (`nox -s bench`); every figure below comes from the run that "
-            "wrote this page (the start-up, takeover and burst sections may come from a later "
-            "`osas bench --start-up-only`, `python -m osas.bench.takeover` or `python -m "
-            "osas.bench.burst`, which rewrite their section alone and date it)."
+            "wrote this page (the start-up, takeover, burst and CA-loop sections may come from a "
+            "later `osas bench --start-up-only`, `python -m osas.bench.takeover`, `python -m "
+            "osas.bench.burst` or `python -m osas.bench.caloop`, which rewrite their section "
+            "alone and date it; the CA-loop section also shows the runs kept before this one)."
         ),
         "",
         (
@@ -446,6 +467,8 @@ def write_report(
     lines += [*takeover_section(takeover, machine), ""]
     if burst is not None:
         lines += [*burst_section(burst, machine), ""]
+    if ca_loop:
+        lines += [*caloop_section(ca_loop), ""]
     lines += [*startup_section(startup, machine), ""]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines).rstrip() + "\n")

@@ -11,8 +11,15 @@ NodeGroups, NodeGroupForNode and GetOptions per node, TargetSize three times per
 NodeGroupNodes and TemplateNodeInfo per group) is replayed for a while at the default sync
 interval (idle tails), then once more against an osas that resyncs every 20 s (tails during
 complete listings, Nova traffic, memory). Last, 100 creates at the default settings, the time
-a warm standby takes to become the writer under a Kubernetes Lease (``osas.bench.takeover``), and
-a burst of 1,000 creates against a cloud that allows 5 a second (``osas.bench.burst``).
+a warm standby takes to become the writer under a Kubernetes Lease (``osas.bench.takeover``), a
+burst of 1,000 creates against a cloud that allows 5 a second (``osas.bench.burst``), CA's loop
+by the server's CPU at 1k / 5k / 10k nodes (1k / 5k quick; ``osas.bench.caloop``, kept as the
+run labelled ``latest`` beside earlier labelled runs) and the start-up of ``osas serve``
+(``osas.bench.startup``).
+
+The measures are built on the benchmark's kit (``processes``: what they start; ``client``: CA's
+side) and hand their figures (``results``) to the report (``report``); none of those imports
+this module or a measure.
 """
 
 from __future__ import annotations
@@ -20,45 +27,52 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
-import gc
 import json
-import os
-import platform
 import re
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import grpc
 import requests
-import trustme
-import yaml
-from google.protobuf.message import Message
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from osas.bench.report import replace_startup_section, replace_takeover_section, write_report
+from osas.bench.burst import measure_burst
+from osas.bench.caloop import Plan as CaLoopPlan
+from osas.bench.caloop import measure_caloop
+from osas.bench.client import Call, Client, Timed, for_node, nodes, options, target_size, template
+from osas.bench.processes import (
+    CLUSTER,
+    GROUP_SIZE,
+    Setup,
+    Tls,
+    kit,
+    machine,
+    rss_mib,
+    sim_get,
+    start_osas,
+)
+from osas.bench.report import (
+    replace_caloop_section,
+    replace_startup_section,
+    replace_takeover_section,
+    write_report,
+)
+from osas.bench.results import KINDS, Figure, SizeResult, load_runs, save_run
+from osas.bench.startup import measure_startup
+from osas.bench.takeover import measure_takeover
 from osas.engine.settings import ReconcileSettings
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.sim.server import DEFAULT_DOMAIN, DEFAULT_PASSWORD, DEFAULT_PROJECT, DEFAULT_USER
 
-SERVICE = "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider"
-CLUSTER = "bench"
-GROUP_SIZE = 10_000  # osas caps max_size at 10,000: larger clusters have more groups
-LARGE = 50_000  # the size most targets are judged at
-CA_TIMEOUT = 5.0
 CREATES = 100
+# The CA loop's run that `osas bench` keeps next to the report, replaced by the next one; runs
+# kept under other labels (python -m osas.bench.caloop --label) stay beside it.
+CA_LOOP_LABEL = "latest"
 _NEXT = re.compile(rb'"servers_links"\s*:\s*\[\{"rel"\s*:\s*"next"\s*,\s*"href"\s*:\s*"([^"]+)"')
 
 
@@ -77,10 +91,16 @@ class Plan:
     load_calls: int  # TargetSize calls timed with and without load on the metrics port
     takeover_rounds: int  # a kill and a clean stop each (osas.bench.takeover)
     burst_rounds: int  # a burst against a rate-limited cloud each (osas.bench.burst)
+    ca_loop: CaLoopPlan  # CA's loop by the server's CPU (osas.bench.caloop)
 
 
-FULL = Plan((1_000, 10_000, 50_000), 5, 2_000, 300, 20, 12.0, 65.0, 500, 3, 45.0, 500, 3, 1)
-QUICK = Plan((1_000, 5_000), 2, 500, 100, 10, 11.0, 25.0, 200, 2, 25.0, 200, 2, 1)
+# CA's loop: at 1k / 5k / 10k nodes in full (caloop's defaults), 1k / 5k quick.
+FULL = Plan(
+    (1_000, 10_000, 50_000), 5, 2_000, 300, 20, 12.0, 65.0, 500, 3, 45.0, 500, 3, 1, CaLoopPlan()
+)
+QUICK = Plan(
+    (1_000, 5_000), 2, 500, 100, 10, 11.0, 25.0, 200, 2, 25.0, 200, 2, 1, CaLoopPlan((1_000, 5_000))
+)
 # What else the project holds besides the cluster's servers: as many servers of another
 # cluster, 1% of which change every minute in the churn phase.
 OTHERS_PER_SERVER = 1
@@ -90,190 +110,7 @@ CHURN_SHARE = 0.01
 IDLE_CONNECTIONS, SLOW_CONNECTIONS, POLLERS = 200, 64, 50
 
 
-@dataclass(frozen=True)
-class Kind:
-    """What a figure is, and how it is judged."""
-
-    name: str
-    unit: str
-    target: str = ""
-    better: str = "lower"
-    threshold: float | None = None
-    judged_at: int = 0  # the size the threshold applies to (0: every size)
-
-
-KINDS = {
-    "start": Kind(
-        "start to SERVING, osas's part (all, less the simulator serving the listing)",
-        "s",
-        "<= 3 s at 50k",
-        threshold=3.0,
-        judged_at=LARGE,
-    ),
-    "start_total": Kind("start to SERVING, all included", "s"),
-    "start_simulator": Kind("the simulator serving the complete detail listing alone", "s"),
-    "for_node": Kind(
-        "NodeGroupForNode, throughput vs bare", "x", ">= 0.95x at 50k", "higher", 0.95, LARGE
-    ),
-    "target": Kind("NodeGroupTargetSize, p50 vs bare", "x", ">= 0.9x", "higher", 0.9),
-    "nodes": Kind(
-        "NodeGroupNodes, p50 vs bare echo of the same bytes", "x", ">= 0.5x", "higher", 0.5
-    ),
-    "idle_worst": Kind(
-        "worst call while idle (syncs every 10 s), all but NodeGroupNodes",
-        "ms",
-        "<= 20 ms at 50k",
-        threshold=20.0,
-        judged_at=LARGE,
-    ),
-    "idle_worst_bare": Kind("the same, bare", "ms"),
-    "idle_p99": Kind("p99 while idle, all but NodeGroupNodes", "ms"),
-    "idle_p99_bare": Kind("the same, bare", "ms"),
-    "idle_worst_nodes": Kind("worst NodeGroupNodes while idle", "ms"),
-    "idle_worst_nodes_bare": Kind("the same, bare", "ms"),
-    "resync_worst": Kind(
-        "worst call during a complete resync, all but NodeGroupNodes",
-        "ms",
-        "<= 20 ms at 50k",
-        threshold=20.0,
-        judged_at=LARGE,
-    ),
-    "resync_p99": Kind("p99 during resyncs / p99 otherwise", "x", "<= 1.5x", threshold=1.5),
-    "resync_p999": Kind("p99.9 during resyncs / p99.9 otherwise", "x"),
-    "resync_p99_bare": Kind(
-        "the same p99 ratio, bare, while the simulator serves the same complete listing", "x"
-    ),
-    "resync_seconds": Kind("complete resync, from listing to applied", "s"),
-    "nova_bytes": Kind(
-        "Nova bytes per minute, nothing changing (default intervals)",
-        "MB",
-        "<= 3 MB at 50k",
-        threshold=3.0,
-        judged_at=LARGE,
-    ),
-    "nova_requests": Kind("Nova requests per minute, the same", ""),
-    "nova_bytes_churn": Kind(
-        "Nova bytes per minute, 1% of the project's other servers changing per minute",
-        "MB",
-    ),
-    "nova_requests_churn": Kind("Nova requests per minute, the same", ""),
-    "nova_incremental_bytes_churn": Kind("bytes of one incremental sync, the same", "kB"),
-    "healthz_loaded": Kind(
-        "worst /healthz under load on the metrics port",
-        "ms",
-        "<= 1000 ms",
-        threshold=1000.0,
-    ),
-    "target_p99_loaded": Kind(
-        "NodeGroupTargetSize p99 under load on the metrics port",
-        "ms",
-        "<= 50 ms at 10k",
-        threshold=50.0,
-        judged_at=10_000,
-    ),
-    "target_p99_quiet": Kind("NodeGroupTargetSize p99, the metrics port quiet", "ms"),
-    "nova_resync_bytes": Kind("bytes of one complete resync (every server's details)", "MB"),
-    "nova_resync_requests": Kind("requests of one complete resync", ""),
-    "nova_incremental_bytes": Kind("bytes of one incremental sync", "kB"),
-    "rss": Kind(
-        "RSS after repeated complete resyncs",
-        "MiB",
-        "<= 120 MiB at 50k",
-        threshold=120.0,
-        judged_at=LARGE,
-    ),
-    "rss_peak": Kind("peak RSS", "MiB"),
-    "rss_started": Kind("RSS once serving", "MiB"),
-    "creates": Kind("100 creates reaching Nova (default settings)", "s", "<= 1.5 s", threshold=1.5),
-    # A standby taking over (osas.bench.takeover), at the default lease settings.
-    "takeover_killed_lease": Kind("holder SIGKILLed: until the standby takes the lease", "s"),
-    "takeover_killed": Kind(
-        "holder SIGKILLed: until the standby answers CA through the Service", "s"
-    ),
-    "takeover_killed_held": Kind(
-        "holder SIGKILLed: scale-ups still held when the standby answers (its /status)", "s"
-    ),
-    "takeover_killed_allowed": Kind("holder SIGKILLed: until scale-ups are allowed again", "s"),
-    "takeover_stopped_lease": Kind(
-        "holder stopped (SIGTERM): until the standby takes the lease", "s"
-    ),
-    "takeover_stopped": Kind(
-        "holder stopped (SIGTERM): until the standby answers CA through the Service", "s"
-    ),
-    "takeover_stopped_held": Kind(
-        "holder stopped (SIGTERM): scale-ups still held when the standby answers (its /status)",
-        "s",
-    ),
-    "takeover_stopped_exit": Kind("holder stopped (SIGTERM): until its process exits", "s"),
-    # A burst against a cloud whose rate limit is below osas's own (osas.bench.burst).
-    "burst_running": Kind("IncreaseSize until CA is shown the last instance running", "s"),
-    "burst_stored": Kind("IncreaseSize until Nova stored the last create", "s"),
-    "burst_ideal": Kind(
-        "until the last instance running, over the ideal (creates / the cloud's rate)", "x"
-    ),
-    "burst_throttled": Kind("creates the cloud answered 429 (Retry-After)", "count"),
-    "burst_servers": Kind("servers Nova stored", "count"),
-    "burst_shown_running": Kind("instances CA was shown running at the end", "count"),
-    "burst_failed": Kind(
-        "instances CA was ever shown with errorInfo (creates reported failed)",
-        "count",
-        "0",
-        threshold=0.0,
-    ),
-    "burst_pace": Kind("osas's pace at the end (osas_openstack_pace_per_second)", "/s"),
-}
-
-
-# -- processes ----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def rss_mib(pid: int) -> tuple[float, float]:
-    """Resident memory now and at its peak (MiB), from /proc."""
-    values = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        name, _, rest = line.partition(":")
-        if name in {"VmRSS", "VmHWM"}:
-            values[name] = int(rest.split()[0]) / 1024
-    return values["VmRSS"], values["VmHWM"]
-
-
-@contextmanager
-def kit(module: str, *arguments: str) -> Iterator[dict[str, Any]]:
-    """One of the benchmark's processes: it prints one JSON line when ready (handed to the
-    caller) and stops when its standard input closes; its pipes are closed after it."""
-    command = [sys.executable, "-m", module, *arguments]
-    process = subprocess.Popen(  # noqa: S603 - our own module, arguments we build
-        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        line = process.stdout.readline() if process.stdout else ""
-        if not line:
-            msg = f"{module} exited before it was ready"
-            raise RuntimeError(msg)
-        yield dict(json.loads(line))
-    finally:
-        with suppress(OSError):
-            if process.stdin:
-                process.stdin.close()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        if process.stdout:
-            process.stdout.close()
-
-
-def sim_get(sim: dict[str, Any], path: str) -> dict[str, Any]:
-    answer = requests.get(f"{sim['base_url']}{path}", timeout=30)
-    answer.raise_for_status()
-    return dict(answer.json())
+# -- the simulator, CA's loop -------------------------------------------------------------------
 
 
 def simulator_listing_seconds(sim: dict[str, Any]) -> float:
@@ -295,283 +132,6 @@ def simulator_listing_seconds(sim: dict[str, Any]) -> float:
         found = _NEXT.search(session.get(url, timeout=60).content)
         url = found.group(1).decode() if found else None
     return time.perf_counter() - started
-
-
-# -- certificates and configuration -------------------------------------------------------------
-
-
-@dataclass
-class Tls:
-    folder: Path
-    ca: bytes
-    client_cert: bytes
-    client_key: bytes
-
-    @classmethod
-    def make(cls, folder: Path) -> Tls:
-        authority = trustme.CA()
-        server = authority.issue_cert("localhost", "127.0.0.1")
-        client = authority.issue_cert("cluster-autoscaler.kube-system.svc")
-        (folder / "tls.crt").write_bytes(b"".join(b.bytes() for b in server.cert_chain_pems))
-        (folder / "tls.key").write_bytes(server.private_key_pem.bytes())
-        (folder / "ca.crt").write_bytes(authority.cert_pem.bytes())
-        return cls(
-            folder,
-            authority.cert_pem.bytes(),
-            b"".join(b.bytes() for b in client.cert_chain_pems),
-            client.private_key_pem.bytes(),
-        )
-
-    def server_files(self) -> dict[str, str]:
-        return {
-            "cert_file": str(self.folder / "tls.crt"),
-            "key_file": str(self.folder / "tls.key"),
-            "client_ca_file": str(self.folder / "ca.crt"),
-        }
-
-
-@dataclass
-class Setup:
-    """What every osas of a size is started with."""
-
-    folder: Path
-    tls: Tls
-    sim: dict[str, Any]
-    groups: list[str]
-
-
-def osas_config(
-    setup: Setup,
-    *,
-    resync: str | None = None,
-    metrics: bool = False,
-    election: dict[str, Any] | None = None,
-    queue: dict[str, Any] | None = None,
-) -> tuple[Path, int, int, int]:
-    """A configuration at osas's defaults but for the node groups (and the resync interval,
-    a metrics port, leader election and the queue's settings, when asked); the file, its gRPC,
-    health and metrics ports (0: none)."""
-    port, health, metrics_port = free_port(), free_port(), free_port() if metrics else 0
-    auth = {
-        "auth_url": setup.sim["auth_url"],
-        "username": DEFAULT_USER,
-        "password": DEFAULT_PASSWORD,
-        "project_name": DEFAULT_PROJECT,
-        "user_domain_name": DEFAULT_DOMAIN,
-        "project_domain_name": DEFAULT_DOMAIN,
-    }
-    group = {"min_size": 0, "max_size": GROUP_SIZE, "flavor": "m1.small", "image": "ubuntu-24.04"}
-    group["networks"] = ["cluster-net"]
-    data = {
-        "cluster_name": CLUSTER,
-        "listen": f"127.0.0.1:{port}",
-        "health_listen": f"127.0.0.1:{health}",
-        "tls": setup.tls.server_files(),
-        "openstack": {"auth": auth},
-        # The benchmark seeds a cloud of its own: no earlier osas has a create on its way
-        # there, so its creates need not wait after the start. Under a lease the wait after a
-        # takeover is part of what is measured: left at its default.
-        "reconcile": ({} if election else {"hold_after_start": False})
-        | ({"full_resync_interval": resync} if resync else {}),
-        "node_groups": [{"id": name, **group} for name in setup.groups],
-    }
-    if metrics_port:
-        data["metrics_listen"] = f"127.0.0.1:{metrics_port}"
-    if election:
-        data["leader_election"] = election
-    if queue:
-        data["queue"] = queue
-    path = setup.folder / f"osas-{port}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path, port, health, metrics_port
-
-
-@dataclass
-class Osas:
-    process: subprocess.Popen[bytes]
-    port: int
-    log: Path
-    started: float  # seconds from spawn to SERVING
-    metrics: int = 0  # the metrics port, 0 when there is none
-
-    def events(self, name: str) -> list[dict[str, Any]]:
-        found = []
-        for line in self.log.read_text().splitlines():
-            with suppress(ValueError):
-                event = json.loads(line)
-                if event.get("event") == name:
-                    found.append(event)
-        return found
-
-    def stop(self) -> None:
-        stop_process(self.process)
-
-
-def stop_process(process: subprocess.Popen[Any]) -> None:
-    """SIGTERM, as Kubernetes stops osas; killed if it has not exited 30 s later."""
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
-async def wait_until_serving(
-    health: int, process: subprocess.Popen[bytes], log: Path, *, poll: float
-) -> None:
-    """Return once osas's health service says SERVING; raise with the end of its log if it
-    exits first."""
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{health}")
-    stub = health_pb2_grpc.HealthStub(channel)
-    serving = health_pb2.HealthCheckResponse.SERVING
-    try:
-        while True:
-            if process.poll() is not None:
-                tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-                msg = f"osas exited with {process.returncode}; the end of its log:\n{tail}"
-                raise RuntimeError(msg)
-            with suppress(grpc.aio.AioRpcError):
-                if (await stub.Check(health_pb2.HealthCheckRequest(), timeout=1)).status == serving:
-                    return
-            await asyncio.sleep(poll)
-    finally:
-        await channel.close(None)
-
-
-async def start_osas(
-    setup: Setup,
-    name: str,
-    *,
-    resync: str | None = None,
-    metrics: bool = False,
-    queue: dict[str, Any] | None = None,
-) -> Osas:
-    config, port, health, metrics_port = osas_config(
-        setup, resync=resync, metrics=metrics, queue=queue
-    )
-    log = setup.folder / f"{name}.log"
-    spawned = time.perf_counter()
-    with log.open("wb") as stream:
-        process = subprocess.Popen(  # noqa: S603 - our own command, spawned at once
-            [sys.executable, "-m", "osas", "serve", "--config", str(config)],
-            stdout=subprocess.DEVNULL,
-            stderr=stream,
-        )
-    await wait_until_serving(health, process, log, poll=0.005)
-    return Osas(process, port, log, time.perf_counter() - spawned, metrics_port)
-
-
-# -- the client ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Call:
-    method: str
-    request: bytes
-    response: type[Message]
-
-
-@dataclass(frozen=True)
-class Timed:
-    method: str
-    start: float  # wall clock, to match osas's log
-    seconds: float
-
-
-class Client:
-    """CA's side: one mTLS channel, requests serialised beforehand, answers parsed."""
-
-    def __init__(self, port: int, tls: Tls) -> None:
-        credentials = grpc.ssl_channel_credentials(tls.ca, tls.client_key, tls.client_cert)
-        self.channel = grpc.aio.secure_channel(
-            f"127.0.0.1:{port}",
-            credentials,
-            options=[("grpc.max_receive_message_length", 16 * 2**20)],
-        )
-
-    async def call(self, call: Call) -> Message | None:
-        stub = self.channel.unary_unary(
-            f"/{SERVICE}/{call.method}",
-            request_serializer=None,
-            response_deserializer=call.response.FromString,
-        )
-        try:
-            return await stub(call.request, timeout=CA_TIMEOUT)  # type: ignore[no-any-return]
-        except grpc.aio.AioRpcError as error:
-            if error.code() is grpc.StatusCode.UNIMPLEMENTED:
-                return None
-            raise
-
-    async def raw(self, method: str, request: bytes) -> bytes | None:
-        stub = self.channel.unary_unary(
-            f"/{SERVICE}/{method}", request_serializer=None, response_deserializer=None
-        )
-        try:
-            return bytes(await stub(request, timeout=CA_TIMEOUT))
-        except grpc.aio.AioRpcError as error:
-            if error.code() is grpc.StatusCode.UNIMPLEMENTED:
-                return None
-            raise
-
-    async def timed(self, calls: list[Call]) -> list[Timed]:
-        # What this process already holds (the samples and answers of earlier phases) is
-        # frozen while it times calls: a full collection here would walk all of it in the
-        # middle of a call and charge the pause to the server being measured.
-        gc.freeze()
-        try:
-            samples = []
-            for call in calls:
-                wall, started = time.time(), time.perf_counter()
-                await self.call(call)
-                samples.append(Timed(call.method, wall, time.perf_counter() - started))
-            return samples
-        finally:
-            gc.unfreeze()
-
-    async def provider_ids(self, group: str) -> list[str]:
-        answer = await self.call(nodes(group))
-        if not isinstance(answer, pb.NodeGroupNodesResponse) or not answer.instances:
-            msg = f"no instances in {group}"
-            raise RuntimeError(msg)
-        return [instance.id for instance in answer.instances]
-
-    async def close(self) -> None:
-        await self.channel.close(None)
-
-
-def for_node(provider_id: str) -> Call:
-    node = pb.ExternalGrpcNode(name=f"node-{provider_id[-12:]}", providerID=provider_id)
-    request = pb.NodeGroupForNodeRequest(node=node).SerializeToString()
-    return Call("NodeGroupForNode", request, pb.NodeGroupForNodeResponse)
-
-
-def target_size(group: str) -> Call:
-    request = pb.NodeGroupTargetSizeRequest(id=group).SerializeToString()
-    return Call("NodeGroupTargetSize", request, pb.NodeGroupTargetSizeResponse)
-
-
-def nodes(group: str) -> Call:
-    request = pb.NodeGroupNodesRequest(id=group).SerializeToString()
-    return Call("NodeGroupNodes", request, pb.NodeGroupNodesResponse)
-
-
-def options(group: str) -> Call:
-    # CA's defaults, as 1.35 sends them (durations in fields 8-10).
-    defaults = pb.NodeGroupAutoscalingOptions(
-        scaleDownUtilizationThreshold=0.5, scaleDownGpuUtilizationThreshold=0.5
-    )
-    defaults.scaleDownUnneededDuration.FromSeconds(600)
-    defaults.scaleDownUnreadyDuration.FromSeconds(1200)
-    defaults.MaxNodeProvisionDuration.FromSeconds(900)
-    request = pb.NodeGroupAutoscalingOptionsRequest(id=group, defaults=defaults)
-    response = pb.NodeGroupAutoscalingOptionsResponse
-    return Call("NodeGroupGetOptions", request.SerializeToString(), response)
-
-
-def template(group: str) -> Call:
-    request = pb.NodeGroupTemplateNodeInfoRequest(id=group).SerializeToString()
-    return Call("NodeGroupTemplateNodeInfo", request, pb.NodeGroupTemplateNodeInfoResponse)
 
 
 def ca_loop(groups: list[str], provider_ids: list[str], count: int, loop: int) -> list[Call]:
@@ -609,43 +169,7 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else 0.0
 
 
-@dataclass
-class Figure:
-    """One measure over rounds: the samples, and how they compare with a target."""
-
-    kind: Kind
-    samples: list[float] = field(default_factory=list)
-    note: str = ""
-    judged: bool = True
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.samples) if self.samples else float("nan")
-
-    @property
-    def met(self) -> bool | None:
-        threshold = self.kind.threshold
-        if threshold is None or not self.samples or not self.judged:
-            return None
-        return (
-            self.median >= threshold if self.kind.better == "higher" else self.median <= threshold
-        )
-
-
-@dataclass
-class SizeResult:
-    servers: int
-    groups: int
-    figures: dict[str, Figure] = field(default_factory=dict)
-
-    def add(self, key: str, value: float, note: str = "") -> None:
-        figure = self.figures.get(key)
-        if figure is None:
-            kind = KINDS[key] if key in KINDS else Kind(key.replace("_", " "), "ms")
-            judged = kind.judged_at in {0, self.servers}
-            figure = self.figures[key] = Figure(kind, judged=judged)
-        figure.samples.append(value)
-        figure.note = note or figure.note
+# -- the measure --------------------------------------------------------------------------------
 
 
 async def capture_answers(client: Client, group: str, provider_id: str) -> dict[str, str | None]:
@@ -1050,23 +574,6 @@ async def measure_creates(plan: Plan, tls: Tls, folder: Path) -> Figure:
     return figure
 
 
-def machine() -> dict[str, str]:
-    cpu = platform.processor() or "unknown"
-    with suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.partition(":")[2].strip()
-                break
-    return {
-        "cpu": cpu,
-        "cores": str(os.cpu_count()),
-        "python": platform.python_version(),
-        "grpcio": grpc.__version__,
-        "system": f"{platform.system()} {platform.release()}",
-        "date": datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
-    }
-
-
 async def run(
     plan: Plan,
     out: Path,
@@ -1074,13 +581,9 @@ async def run(
     *,
     start_up_only: bool,
     takeover_only: bool = False,
+    ca_loop_only: bool = False,
+    ca_loop_label: str = CA_LOOP_LABEL,
 ) -> None:
-    # Imported here: the start-up, takeover and burst measures are built on this module's
-    # helpers.
-    from osas.bench.burst import measure_burst  # noqa: PLC0415
-    from osas.bench.startup import measure_startup  # noqa: PLC0415
-    from osas.bench.takeover import measure_takeover  # noqa: PLC0415
-
     with tempfile.TemporaryDirectory(prefix="osas-bench-") as temporary:
         folder = Path(temporary)
         tls = Tls.make(folder)
@@ -1092,13 +595,26 @@ async def run(
             takeover = await measure_takeover(plan.takeover_rounds, tls, folder)
             replace_takeover_section(out, takeover, machine())
             return
+        if ca_loop_only:
+            save_run(out, await measure_caloop(plan.ca_loop, tls, folder, ca_loop_label))
+            replace_caloop_section(out, load_runs(out))
+            return
         results = [await measure_size(plan, size, tls, folder) for size in plan.sizes]
         creates = await measure_creates(plan, tls, folder)
         takeover = await measure_takeover(plan.takeover_rounds, tls, folder)
         burst = await measure_burst(plan.burst_rounds, tls, folder)
+        save_run(out, await measure_caloop(plan.ca_loop, tls, folder, ca_loop_label))
         startup = await measure_startup(plan.rounds, tls, folder, compare_with)
     write_report(
-        out, machine(), dataclasses.asdict(plan), results, creates, startup, takeover, burst
+        out,
+        machine(),
+        dataclasses.asdict(plan),
+        results,
+        creates,
+        startup,
+        takeover,
+        burst,
+        load_runs(out),
     )
 
 
@@ -1111,19 +627,38 @@ def run_benchmark(
     compare_with: Path | None = None,
     start_up_only: bool = False,
     takeover_only: bool = False,
+    ca_loop_only: bool = False,
+    ca_loop_label: str = CA_LOOP_LABEL,
 ) -> int:
     """``osas bench``: the plan, with the sizes and rounds asked for, and the report written
-    (``start_up_only``, ``takeover_only``: only that section of it, ``rounds`` then being that
-    measure's rounds)."""
-    if sizes:
-        plan = dataclasses.replace(plan, sizes=sizes)
-    if rounds:
-        plan = dataclasses.replace(plan, rounds=rounds)
-        if takeover_only:
-            plan = dataclasses.replace(plan, takeover_rounds=rounds)
-    run_plan = run(
-        plan, out, compare_with, start_up_only=start_up_only, takeover_only=takeover_only
+    (``start_up_only``, ``takeover_only``, ``ca_loop_only``: only that section of it,
+    ``rounds`` then being that measure's rounds, and with ``ca_loop_only`` ``sizes`` its node
+    counts). The CA loop's run is kept next to the report under ``ca_loop_label``, which
+    replaces an earlier run of that label alone."""
+    if ca_loop_only:
+        ca_loop = plan.ca_loop
+        if sizes:
+            ca_loop = dataclasses.replace(ca_loop, sizes=sizes)
+        if rounds:
+            ca_loop = dataclasses.replace(ca_loop, rounds=rounds)
+        plan = dataclasses.replace(plan, ca_loop=ca_loop)
+    else:
+        if sizes:
+            plan = dataclasses.replace(plan, sizes=sizes)
+        if rounds:
+            plan = dataclasses.replace(plan, rounds=rounds)
+            if takeover_only:
+                plan = dataclasses.replace(plan, takeover_rounds=rounds)
+    asyncio.run(
+        run(
+            plan,
+            out,
+            compare_with,
+            start_up_only=start_up_only,
+            takeover_only=takeover_only,
+            ca_loop_only=ca_loop_only,
+            ca_loop_label=ca_loop_label,
+        )
     )
-    asyncio.run(run_plan)
     print(f"written: {out}")  # noqa: T201
     return 0

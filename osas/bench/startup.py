@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from osas.bench.run import (
+from osas.bench.processes import (
     Setup,
     Tls,
     kit,
@@ -27,33 +25,12 @@ from osas.bench.run import (
     stop_process,
     wait_until_serving,
 )
+from osas.bench.results import StartupRow
 
 SERVERS = 1_000  # a small cluster: start-up, not listing, is measured
 KITS = ("osas.sim", "osas.demo", "osas.bench")
 _IMPORT_LINE = "import time:"
 _SETTLE_SECONDS = 0.5  # after SERVING, before memory is read
-
-
-@dataclass
-class StartupRow:
-    """One process kind's start-up, over rounds."""
-
-    label: str
-    import_ms: list[float] = field(default_factory=list)
-    rss_mib: list[float] = field(default_factory=list)
-    modules: list[int] = field(default_factory=list)
-    kits: list[int] = field(default_factory=list)
-
-    def median(self, values: list[float] | list[int]) -> float:
-        return statistics.median(values) if values else float("nan")
-
-    def add(self, log: Path, rss: float) -> None:
-        """One round: its memory, and what its importtime log says."""
-        import_ms, modules, kits = _imports(log)
-        self.import_ms.append(import_ms)
-        self.modules.append(modules)
-        self.kits.append(kits)
-        self.rss_mib.append(rss)
 
 
 def _imports(log: Path) -> tuple[float, int, int]:
@@ -93,7 +70,7 @@ async def _serve_once(setup: Setup, row: StartupRow, tree: Path | None, index: i
         rss = rss_mib(process.pid)[0]
     finally:
         stop_process(process)
-    row.add(log, rss)
+    row.add(*_imports(log), rss)
 
 
 def _bare_once(folder: Path, row: StartupRow, index: int) -> None:
@@ -111,7 +88,7 @@ def _bare_once(folder: Path, row: StartupRow, index: int) -> None:
         if process.stdin is not None:
             process.stdin.close()
         process.wait(timeout=30)
-    row.add(log, rss)
+    row.add(*_imports(log), rss)
 
 
 def _commit(tree: Path) -> str:

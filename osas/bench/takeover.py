@@ -33,7 +33,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -41,21 +40,10 @@ from typing import Any
 import grpc
 import requests
 
+from osas.bench.client import Call, Client, target_size
+from osas.bench.processes import Osas, Setup, Tls, kit, machine, osas_config, stop_process
 from osas.bench.report import replace_takeover_section
-from osas.bench.run import (
-    KINDS,
-    Call,
-    Client,
-    Figure,
-    Osas,
-    Setup,
-    Tls,
-    kit,
-    machine,
-    osas_config,
-    stop_process,
-    target_size,
-)
+from osas.bench.results import TakeoverResult
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.sim.kubernetes import SERVICE_NAME_LABEL, routes
 
@@ -70,21 +58,6 @@ POLL = 0.05  # how often CA's side looks where the Service leads and calls there
 # round (else it would go just after the standby's first look, every round alike).
 RETRY_PERIOD = 2.0
 _WAIT = 60.0  # the longest any step of a round may take
-
-
-@dataclass
-class TakeoverResult:
-    """The takeover's figures, over rounds, and what the report says of them."""
-
-    servers: int
-    lease: dict[str, str]
-    window: str  # create_doubt_window, as osas logged it
-    figures: dict[str, Figure] = field(default_factory=dict)
-
-    def add(self, key: str, value: float, note: str = "") -> None:
-        figure = self.figures.setdefault(key, Figure(KINDS[key]))
-        figure.samples.append(value)
-        figure.note = note or figure.note
 
 
 # -- processes ----------------------------------------------------------------------------------
