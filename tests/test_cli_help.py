@@ -158,3 +158,14 @@ def test_sim_help_names_its_credentials_and_the_control_api_it_serves(capsys, si
         assert named in text, named
     named_in_help = set(re.findall(r"/_sim/[a-z/]*[a-z]", text))
     assert named_in_help <= {path for _, path in listed}
+
+
+def test_bench_measures_cas_loop_alone_under_a_run_name_it_can_keep(capsys):
+    args = build_parser().parse_args(["bench", "--ca-loop-only", "--label", "after-1.2"])
+    assert (args.ca_loop_only, args.label) == (True, "after-1.2")
+    assert build_parser().parse_args(["bench"]).label == "latest"
+    for wrong in ("", "../x", "a b"):
+        with pytest.raises(SystemExit) as refused:
+            main(["bench", "--ca-loop-only", "--label", wrong])
+        assert refused.value.code == 2
+        assert "not a run name" in capsys.readouterr().err

@@ -54,3 +54,12 @@ def http_url(text: str) -> str:
     if not parts.hostname:
         raise argparse.ArgumentTypeError(f"no host in the URL: {text!r}")
     return text
+
+
+def label(text: str) -> str:
+    """A benchmark run's name: kept in a file name, so letters, digits, '.', '_' and '-'."""
+    if not text or not all(c.isascii() and (c.isalnum() or c in "._-") for c in text):
+        raise argparse.ArgumentTypeError(
+            f"not a run name (letters, digits, '.', '_', '-'): {text!r}"
+        )
+    return text

@@ -225,8 +225,9 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "bench",
         "osas against the bare gRPC limit at 1k-50k servers (needs the bench extra)",
         "Runs the simulated OpenStack, osas and a bare gRPC server side by side on 127.0.0.1, "
-        "replays the Cluster Autoscaler's calls against both, and writes a report (some 20 "
-        f"minutes on 2 cores). Needs the bench extra: in osas's clone, {BENCH_INSTALL}.",
+        "replays the Cluster Autoscaler's calls against both, measures CA's loop by the "
+        "server's CPU at 1k, 5k and 10k nodes, and writes a report (some 30 minutes on 2 "
+        f"cores). Needs the bench extra: in osas's clone, {BENCH_INSTALL}.",
     )
     bench.add_argument("--quick", action="store_true", help="1k and 5k servers, 2 rounds")
     bench.add_argument(
@@ -257,4 +258,18 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--start-up-only",
         action="store_true",
         help="measure only the start-up of osas serve, and rewrite only that section of --out",
+    )
+    bench.add_argument(
+        "--ca-loop-only",
+        action="store_true",
+        help="measure only CA's loop by the server's CPU (--sizes: its node counts, default "
+        "1000,5000,10000, --quick 1000,5000; --rounds: its rounds, default 2), keep it as "
+        "--label's run and rewrite only that section of --out",
+    )
+    bench.add_argument(
+        "--label",
+        type=arguments.label,
+        default="latest",
+        help="the name CA's loop run is kept under, beside the runs kept before "
+        "(default: %(default)s)",
     )
