@@ -436,6 +436,9 @@ def test_option_threshold_bounds_are_inclusive(tmp_path, value):
         (90, timedelta(seconds=90)),
         (2.5, timedelta(seconds=2.5)),
         ("90", timedelta(seconds=90)),
+        ("1.", timedelta(seconds=1)),
+        (".5", timedelta(seconds=0.5)),
+        (" 5m\t", timedelta(minutes=5)),
     ],
 )
 def test_duration_formats_accepted(tmp_path, value, expected):
@@ -443,7 +446,10 @@ def test_duration_formats_accepted(tmp_path, value, expected):
     assert config.node_groups[1].options.scale_down_unneeded_time == expected
 
 
-@pytest.mark.parametrize("value", ["5 minutes", "5min", "1d", "PT5M", "-30s", "30s5m", "", "m"])
+# ASCII digits only: the chart's schema checks the same pattern, as Go's regexp reads it.
+@pytest.mark.parametrize(
+    "value", ["5 minutes", "5min", "1d", "PT5M", "-30s", "30s5m", "", "m", " ", ".", "\u0663s"]
+)
 def test_duration_formats_rejected(tmp_path, value):
     data = group(1, options={"scale_down_unneeded_time": value})
     expect_problem(

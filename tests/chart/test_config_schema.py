@@ -101,6 +101,7 @@ DURATIONS = [
     "30s", "5m", "1h30m", "1.5m", 90, 2.5, "90", "1.", ".5", " 5m ", 0, "0", "0s", "0.0m",
     -5, "-5s", "5 minutes", "1d", "PT5M", "30s5m", "", "m", True, None, [], "0.5s",
 ]  # fmt: skip
+DURATION_SIGNS = ["30s", 90, 0.5, 0, "0s", "0.0m", -5, "-5s", "5 minutes", True]
 STRINGS = [
     "x", "", "workers-2", "Bad Name", "a.b/c_d", "nvidia.com/gpu", "1.2.3.4", "::1", 5, True,
     None, ["x"], {"x": 1},
@@ -166,13 +167,20 @@ def lengths(field: FieldInfo | None) -> list[Any]:
 def field_table() -> list[tuple[tuple[Any, ...], Any, list[Any]]]:
     """(path in the configuration, its type, values) for every key of every model."""
     table = []
+    durations: set[Any] = set()
 
     def walk(model: type[BaseModel], path: tuple[Any, ...]) -> None:
         table.append(((*path, "no_such_key"), str, ["x"]))
         for name, field in model.model_fields.items():
             key = (*path, field.alias or name)
             kind = field.annotation
-            table.append((key, kind, values_for(kind, field)))
+            values = values_for(kind, field)
+            if values is DURATIONS or DURATIONS[0] in values:
+                # The forms once for each kind of duration; the signs and zero for every key.
+                shape = (repr(kind), repr(field.metadata), repr(field.json_schema_extra))
+                values = values if shape not in durations else [None, *DURATION_SIGNS]
+                durations.add(shape)
+            table.append((key, kind, values))
             if typing.get_origin(kind) is list:
                 (item,) = typing.get_args(kind)
                 if _is_model(item):
