@@ -40,11 +40,11 @@ def config_defaults() -> dict[str, Any]:
 class _FileSchema(GenerateJsonSchema):
     def encode_default(self, dft: Any) -> Any:
         if isinstance(dft, timedelta):
-            return duration_text(dft)
+            return _duration_text(dft)
         return super().encode_default(dft)
 
 
-def duration_text(value: timedelta) -> str:
+def _duration_text(value: timedelta) -> str:
     """A duration as the file writes it: 90s -> 1m30s, 3600s -> 1h, 0 -> 0s."""
     seconds = value.total_seconds()
     hours, rest = divmod(seconds, 3600)

@@ -58,11 +58,19 @@ BASE = {
 CHART_DEFAULTS = yaml.safe_load((CHART / "values.yaml").read_text())["config"]
 DELETE = object()
 
-# Where the chart refuses what osas would take, and why. Never the other way round.
+# What the chart writes itself, whatever the values say: osas's verdict on the value given
+# says nothing (what the chart renders must still load).
+CHART_WRITES = {
+    ("tls",),
+    ("tls", "cert_file"),
+    ("tls", "key_file"),
+    ("tls", "client_ca_file"),
+}
+# Keys the chart needs: it refuses to go without them where osas has defaults.
+CHART_REQUIRES = {("listen",), ("health_listen",)}
+# Where (this key and those under it) the chart refuses what osas would take, and why. Never
+# the other way round.
 CHART_OWNED = {
-    ("tls",): "the chart writes tls itself (mTLS only)",
-    ("listen",): "the chart needs the port (the Service's, the container's)",
-    ("health_listen",): "the chart needs the port (the probes')",
     ("insecure",): "the chart serves mTLS only",
     ("insecure_non_loopback",): "the chart serves mTLS only",
     ("openstack", "auth"): "credentials belong in a Secret",
@@ -76,13 +84,13 @@ CHART_OWNED = {
 }
 
 
-def owned(path: tuple[Any, ...]) -> str | None:
-    """Why the chart decides the key at ``path`` itself, or None."""
-    return next((why for key, why in CHART_OWNED.items() if path[: len(key)] == key), None)
-
-
-def stricter(kind: Any, value: Any) -> str | None:
-    """Why the chart may refuse ``value`` for a key of type ``kind`` though osas takes it."""
+def stricter(path: tuple[Any, ...], kind: Any, value: Any) -> str | None:
+    """Why the chart may refuse ``value`` at ``path`` (of type ``kind``) though osas takes it."""
+    owned = [why for key, why in CHART_OWNED.items() if path[: len(key)] == key]
+    if owned:
+        return owned[0]
+    if value is None and path in CHART_REQUIRES:
+        return "the chart needs the port"
     args = [a for a in typing.get_args(kind) if a is not type(None)]
     if typing.get_origin(kind) in (typing.Union, types.UnionType) and len(args) == 1:
         kind = args[0]
@@ -198,7 +206,24 @@ def _is_model(kind: Any) -> bool:
     return isinstance(kind, type) and issubclass(kind, BaseModel)
 
 
-FIELDS = field_table()
+# Forms the types alone do not reach: names and addresses, which validators check.
+SERVER_NAMES = [
+    "osas.kube-system.svc", "1.2.3.4", "::1", "fe80::1%eth0", "::ffff:1.2.3.4", "1:2:3:4:5:6:7:8",
+    "1::2::3", "1:2:3:4:5:6:7:8:9", "bad_name", "-bad.example", "a" * 63, "a" * 64,
+    ".".join(["a" * 63] * 4), "", "12345::",
+]  # fmt: skip
+ADDRESSES = [
+    "0.0.0.0:65535", "0.0.0.0:65536", "0.0.0.0:99999", "0.0.0.0:00080", "[::]:8086", "[::]8086",
+    "host:0", "a b:80", ":80", "127.0.0.1:123456",
+]  # fmt: skip
+FORMS = [
+    (("tls", "server_names"), list[str], [[name] for name in SERVER_NAMES]),
+    (("tls", "allowed_clients"), list[str], [["dns:ca.example"], ["ip:1.2.3.4"], ["cn:a b"]]),
+    (("metrics_listen",), str | None, ADDRESSES),
+    (("listen",), str, ADDRESSES),
+    (("leader_election", "lease_name"), str, ["osas-lease", "a..b", "-a", "a" * 253, "A"]),
+]
+FIELDS = field_table() + FORMS
 
 # Checks across keys: each with one side of its line and the other.
 CROSS = {
@@ -328,10 +353,10 @@ def refusal(config: dict[str, Any], path: Path) -> str | None:
 def mismatches(judge, path, kind, values) -> list[str]:
     found = []
     for value in values:
-        chart, osas = judge(path, value)  # the rendered configuration loads: for owned keys too
-        if (chart is None) == (osas is None) or owned(path):
+        chart, osas = judge(path, value)  # what renders loads, whoever wrote it
+        if (chart is None) == (osas is None) or path in CHART_WRITES:
             continue
-        if chart is not None and stricter(kind, value):
+        if chart is not None and stricter(path, kind, value):
             continue
         sides = "the chart refused, osas took" if chart else "the chart rendered, osas refused"
         found.append(f"{path} = {value!r:.60}: {sides} it: {chart or osas}")
