@@ -463,9 +463,18 @@ def test_duration_rejected_outside_node_groups(tmp_path):
     )
 
 
-def test_duration_too_large(tmp_path):
-    data = group(1, options={"scale_down_unneeded_time": "99999999999h"})
-    expect_problem(tmp_path, data, f"{GPU}.options.scale_down_unneeded_time", "")
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ("99999999999h", "not a duration"),
+        ("1234567890", "not a duration"),  # over 9 digits, as the chart's schema says
+        (1e10, "duration out of range: 10000000000.0 (at most 999999999s)"),
+        (-1e300, "duration out of range"),
+    ],
+)
+def test_duration_too_large(tmp_path, value, reason):
+    data = group(1, options={"scale_down_unneeded_time": value})
+    expect_problem(tmp_path, data, f"{GPU}.options.scale_down_unneeded_time", reason)
 
 
 # --- reconcile, queue, openstack -------------------------------------------------------------

@@ -49,12 +49,15 @@ from osas.service.settings import ServerSettings, TransportSettings
 ENV_PREFIX = "OSAS_"
 # Seconds ("90", "1.5"), or hours, minutes and seconds in that order ("1h30m", "45s"). One
 # pattern for osas and for the JSON schema (Go's RE2 as Helm runs it): ASCII, no lookaround.
+# At most 9 digits before the point (31 years of seconds), so that no text overflows a
+# timedelta where the schema could not see it; a number is bounded alike.
 _SPACE = r"[ \t\n\r\f\v]*"
-_AMOUNT = r"[0-9]+(?:\.[0-9]+)?"
+_AMOUNT = r"[0-9]{1,9}(?:\.[0-9]+)?"
 DURATION_PATTERN = (
-    rf"^{_SPACE}(?:([0-9]+\.?[0-9]*|\.[0-9]+)|"
+    rf"^{_SPACE}(?:([0-9]{{1,9}}(?:\.[0-9]*)?|\.[0-9]+)|"
     rf"(?:({_AMOUNT})h)?(?:({_AMOUNT})m)?(?:({_AMOUNT})s)?){_SPACE}$"
 )
+_DURATION_LIMIT = 999_999_999  # seconds, either way
 _DURATION_RE = re.compile(DURATION_PATTERN)
 _LABEL_KEY_RE = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
@@ -124,6 +127,8 @@ def _parse_duration(value: Any) -> Any:
             plain, hours, minutes, seconds = (float(part or 0) for part in match.groups())
             return timedelta(hours=hours, minutes=minutes, seconds=plain + seconds)
         if isinstance(value, int | float):
+            if not -_DURATION_LIMIT <= value <= _DURATION_LIMIT:
+                raise ValueError(f"duration out of range: {value!r} (at most {_DURATION_LIMIT}s)")
             return timedelta(seconds=value)
     except OverflowError as exc:
         raise ValueError(f"duration out of range: {value!r}") from exc
@@ -142,6 +147,8 @@ def _duration_schema(*, positive: bool) -> dict[str, Any]:
     schema: dict[str, Any] = {
         "type": ["string", "number"],
         "pattern": DURATION_PATTERN,
+        "minimum": -_DURATION_LIMIT,
+        "maximum": _DURATION_LIMIT,
         "allOf": [{"pattern": "[1-9]" if positive else "[0-9]"}],
         "description": "30s, 5m, 1h30m, or seconds" + (", more than 0" if positive else ""),
     }

@@ -108,6 +108,7 @@ def stricter(path: tuple[Any, ...], kind: Any, value: Any) -> str | None:
 DURATIONS = [
     "30s", "5m", "1h30m", "1.5m", 90, 2.5, "90", "1.", ".5", " 5m ", 0, "0", "0s", "0.0m",
     -5, "-5s", "5 minutes", "1d", "PT5M", "30s5m", "", "m", True, None, [], "0.5s",
+    "999999999h", "9999999999h", "1234567890", 999999999, 1000000000, -1e300, 1e300,
 ]  # fmt: skip
 DURATION_SIGNS = ["30s", 90, 0.5, 0, "0s", "0.0m", -5, "-5s", "5 minutes", True]
 STRINGS = [
