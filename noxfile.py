@@ -114,7 +114,8 @@ def chart(session: nox.Session) -> None:
 
 @nox.session
 def manifests(session: nox.Session) -> None:
-    """Render deploy/base/osas.yaml from the chart (tests/chart checks it is up to date)."""
+    """Generate the chart's config schema and defaults from osas's models, and render
+    deploy/base/osas.yaml from the chart (tests/chart checks all three are up to date)."""
     session.install("-r", CHART_REQUIREMENTS, "-e", ".")
     session.run("python", "tests/chart/chartkit.py")
 

@@ -461,6 +461,9 @@ def test_option_threshold_bounds_are_inclusive(tmp_path, value):
         (90, timedelta(seconds=90)),
         (2.5, timedelta(seconds=2.5)),
         ("90", timedelta(seconds=90)),
+        ("1.", timedelta(seconds=1)),
+        (".5", timedelta(seconds=0.5)),
+        (" 5m\t", timedelta(minutes=5)),
     ],
 )
 def test_duration_formats_accepted(tmp_path, value, expected):
@@ -468,7 +471,10 @@ def test_duration_formats_accepted(tmp_path, value, expected):
     assert config.node_groups[1].options.scale_down_unneeded_time == expected
 
 
-@pytest.mark.parametrize("value", ["5 minutes", "5min", "1d", "PT5M", "-30s", "30s5m", "", "m"])
+# ASCII digits only: the chart's schema checks the same pattern, as Go's regexp reads it.
+@pytest.mark.parametrize(
+    "value", ["5 minutes", "5min", "1d", "PT5M", "-30s", "30s5m", "", "m", " ", ".", "\u0663s"]
+)
 def test_duration_formats_rejected(tmp_path, value):
     data = group(1, options={"scale_down_unneeded_time": value})
     expect_problem(
@@ -482,9 +488,18 @@ def test_duration_rejected_outside_node_groups(tmp_path):
     )
 
 
-def test_duration_too_large(tmp_path):
-    data = group(1, options={"scale_down_unneeded_time": "99999999999h"})
-    expect_problem(tmp_path, data, f"{GPU}.options.scale_down_unneeded_time", "")
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ("99999999999h", "not a duration"),
+        ("1234567890", "not a duration"),  # over 9 digits, as the chart's schema says
+        (1e10, "duration out of range: 10000000000.0 (at most 999999999s)"),
+        (-1e300, "duration out of range"),
+    ],
+)
+def test_duration_too_large(tmp_path, value, reason):
+    data = group(1, options={"scale_down_unneeded_time": value})
+    expect_problem(tmp_path, data, f"{GPU}.options.scale_down_unneeded_time", reason)
 
 
 # --- reconcile, queue, openstack -------------------------------------------------------------

@@ -19,9 +19,11 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
+from pydantic.config import JsonDict
 from pydantic_settings import (
     BaseSettings,
     SettingsConfigDict,
@@ -45,7 +47,18 @@ from osas.engine.settings import EngineSettings, QueueSettings, ReconcileSetting
 from osas.service.settings import ServerSettings, TransportSettings
 
 ENV_PREFIX = "OSAS_"
-_DURATION_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
+# Seconds ("90", "1.5"), or hours, minutes and seconds in that order ("1h30m", "45s"). One
+# pattern for osas and for the JSON schema (Go's RE2 as Helm runs it): ASCII, no lookaround.
+# At most 9 digits before the point (31 years of seconds), so that no text overflows a
+# timedelta where the schema could not see it; a number is bounded alike.
+_SPACE = r"[ \t\n\r\f\v]*"
+_AMOUNT = r"[0-9]{1,9}(?:\.[0-9]+)?"
+DURATION_PATTERN = (
+    rf"^{_SPACE}(?:([0-9]{{1,9}}(?:\.[0-9]*)?|\.[0-9]+)|"
+    rf"(?:({_AMOUNT})h)?(?:({_AMOUNT})m)?(?:({_AMOUNT})s)?){_SPACE}$"
+)
+_DURATION_LIMIT = 999_999_999  # seconds, either way
+_DURATION_RE = re.compile(DURATION_PATTERN)
 _LABEL_KEY_RE = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
@@ -53,12 +66,53 @@ _LABEL_KEY_RE = re.compile(
 _LABEL_VALUE_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _DNS_LABEL = r"[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?"
 _DNS_NAME_RE = re.compile(rf"^(?=.{{1,253}}$){_DNS_LABEL}(\.{_DNS_LABEL})*$")
+# A name or an address, as the validator of tls.server_names takes them, for the JSON schema
+# (no lookahead: the length is a maxLength). An IPv4 address is a DNS name by this pattern.
+_H16 = "[0-9A-Fa-f]{1,4}"
+_OCTET = "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+_LS32 = rf"(?:{_H16}:{_H16}|{_OCTET}(?:\.{_OCTET}){{3}})"
+_IPV6_TAILS = (
+    rf"(?:{_H16}:){{5}}{_LS32}",
+    rf"(?:{_H16}:){{4}}{_LS32}",
+    rf"(?:{_H16}:){{3}}{_LS32}",
+    rf"(?:{_H16}:){{2}}{_LS32}",
+    rf"{_H16}:{_LS32}",
+    _LS32,
+    _H16,
+    "",
+)
+# RFC 3986's IPv6address (n groups before "::", then its tail), and Python's "%scope".
+_IPV6_PATTERN = (
+    rf"^(?:(?:{_H16}:){{6}}{_LS32}|::{_IPV6_TAILS[0]}|"
+    + "|".join(
+        rf"(?:(?:{_H16}:){{0,{n - 1}}}{_H16})?::{tail}"
+        for n, tail in enumerate(_IPV6_TAILS[1:], start=1)
+    )
+    + ")(?:%[^%]+)?$"
+)
+_SERVER_NAME_SCHEMA: JsonDict = {
+    "anyOf": [
+        {"pattern": rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$", "maxLength": 253},
+        {"pattern": _IPV6_PATTERN},
+    ],
+    "type": "string",
+}
 _ADDRESS_RE = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[^\s:\[\]]+):(\d{1,5})$")
+# The same with the port's range (a validator below says it in words): for the JSON schema.
+_PORT = r"(?:[0-9]{1,4}|[0-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+_ADDRESS_IN_RANGE = rf"^(\[[0-9a-fA-F:.]+\]|[^\s:\[\]]+):{_PORT}$"
 # Nova caps user data at 65535 bytes once base64-encoded, and metadata items at 255 bytes.
 _USER_DATA_MAX = 65535
 _METADATA_ITEM_MAX = 255
 _PORT_MAX = 65535
 _RESERVED_METADATA = frozenset({META_CLUSTER, META_GROUP, META_REQUEST})
+# The user data variables osas fills in itself.
+_BUILTIN_VARS = frozenset({"server_name", "node_group", "cluster_name"})
+
+
+def _none_of(names: frozenset[str]) -> JsonDict:
+    """JSON schema: any text but these."""
+    return {"not": {"enum": [name for name in sorted(names)]}}  # noqa: C416 - typed as JSON
 
 
 class KeyClash(ValueError):
@@ -80,15 +134,14 @@ def _parse_duration(value: Any) -> Any:
         raise ValueError(f"not a duration: {value!r} (use e.g. 30s, 5m, 1h30m)")  # noqa: TRY004
     try:
         if isinstance(value, str):
-            text = value.strip()
-            if text.replace(".", "", 1).isdigit():
-                return timedelta(seconds=float(text))
-            match = _DURATION_RE.fullmatch(text)
-            if match and text:
-                hours, minutes, seconds = (float(part) if part else 0.0 for part in match.groups())
-                return timedelta(hours=hours, minutes=minutes, seconds=seconds)
-            raise ValueError(f"not a duration: {value!r} (use e.g. 30s, 5m, 1h30m)")
+            match = _DURATION_RE.fullmatch(value)
+            if match is None or not any(match.groups()):
+                raise ValueError(f"not a duration: {value!r} (use e.g. 30s, 5m, 1h30m)")
+            plain, hours, minutes, seconds = (float(part or 0) for part in match.groups())
+            return timedelta(hours=hours, minutes=minutes, seconds=plain + seconds)
         if isinstance(value, int | float):
+            if not -_DURATION_LIMIT <= value <= _DURATION_LIMIT:
+                raise ValueError(f"duration out of range: {value!r} (at most {_DURATION_LIMIT}s)")
             return timedelta(seconds=value)
     except OverflowError as exc:
         raise ValueError(f"duration out of range: {value!r}") from exc
@@ -101,8 +154,31 @@ def _positive(value: timedelta) -> timedelta:
     return value
 
 
-Duration = Annotated[timedelta, BeforeValidator(_parse_duration)]
-PositiveDuration = Annotated[timedelta, BeforeValidator(_parse_duration), AfterValidator(_positive)]
+def _duration_schema(*, positive: bool) -> dict[str, Any]:
+    """A duration in JSON schema: a number of seconds or a text osas parses; at least one digit
+    in it, a non-zero one where it must be positive (the number's bound is the same rule)."""
+    schema: dict[str, Any] = {
+        "type": ["string", "number"],
+        "pattern": DURATION_PATTERN,
+        "minimum": -_DURATION_LIMIT,
+        "maximum": _DURATION_LIMIT,
+        "allOf": [{"pattern": "[1-9]" if positive else "[0-9]"}],
+        "description": "30s, 5m, 1h30m, or seconds" + (", more than 0" if positive else ""),
+    }
+    if positive:
+        schema["exclusiveMinimum"] = 0
+    return schema
+
+
+Duration = Annotated[
+    timedelta, BeforeValidator(_parse_duration), WithJsonSchema(_duration_schema(positive=False))
+]
+PositiveDuration = Annotated[
+    timedelta,
+    BeforeValidator(_parse_duration),
+    AfterValidator(_positive),
+    WithJsonSchema(_duration_schema(positive=True)),
+]
 Name = Annotated[str, Field(pattern=NAME_PATTERN, max_length=NAME_MAX_LENGTH)]
 
 
@@ -118,7 +194,7 @@ class TlsConfig(_Strict):
     allowed_clients: list[Annotated[str, Field(pattern=r"^(dns|uri|cn):\S+$")]] = []
     # The names CA dials (the host of its address): the server certificate must cover each,
     # at start, in check-config and on every rotation.
-    server_names: list[str] = []
+    server_names: list[str] = Field([], json_schema_extra={"items": _SERVER_NAME_SCHEMA})
 
     @field_validator("server_names")
     @classmethod
@@ -221,7 +297,11 @@ class LeaderElectionConfig(_Strict):
 
     enabled: bool = default_of(ElectionSettings, "enabled")
     # "" -> osas-<cluster_name>; fixed, not per namespace, so that a copy elsewhere competes.
-    lease_name: str = Field(default_of(ElectionSettings, "lease_name"), max_length=253)
+    lease_name: str = Field(
+        default_of(ElectionSettings, "lease_name"),
+        max_length=253,
+        json_schema_extra={"pattern": f"^({_K8S_NAME_RE.pattern.strip('^$')})?$"},
+    )
     lease_namespace: str = Field(
         default_of(ElectionSettings, "lease_namespace"), pattern=_K8S_LABEL_RE.pattern
     )
@@ -301,11 +381,29 @@ class NodeGroupConfig(_Strict):
     # Or the template in a file (a mounted Secret), read at each create; and variables whose
     # values are files' contents: ${join_token} <- /etc/osas/bootstrap/token.
     user_data_file: Path | None = None
-    user_data_vars: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], Path] = {}
+    user_data_vars: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], Path] = Field(
+        {}, json_schema_extra={"propertyNames": _none_of(_BUILTIN_VARS)}
+    )
     user_data_format: Literal["text", "json"] = default_of(NodeGroupSpec, "user_data_format")
     boot_volume: BootVolumeConfig | None = None
-    metadata: dict[str, str] = {}
-    labels: dict[str, str] = {}
+    metadata: dict[str, str] = Field(
+        {},
+        json_schema_extra={
+            "propertyNames": {
+                "minLength": 1,
+                "maxLength": _METADATA_ITEM_MAX,
+                **_none_of(_RESERVED_METADATA),
+            },
+            "additionalProperties": {"type": "string", "maxLength": _METADATA_ITEM_MAX},
+        },
+    )
+    labels: dict[str, str] = Field(
+        {},
+        json_schema_extra={
+            "propertyNames": {"pattern": _LABEL_KEY_RE.pattern},
+            "additionalProperties": {"type": "string", "pattern": _LABEL_VALUE_RE.pattern},
+        },
+    )
     taints: list[TaintConfig] = []
     gpu: GpuConfig | None = None
     options: OptionsConfig = OptionsConfig()
@@ -342,7 +440,7 @@ class NodeGroupConfig(_Strict):
             raise ValueError("give either user_data or user_data_file, not both")
         if self.user_data_vars and self.user_data is None and self.user_data_file is None:
             raise ValueError("user_data_vars needs a template: user_data or user_data_file")
-        builtin = sorted(set(self.user_data_vars) & {"server_name", "node_group", "cluster_name"})
+        builtin = sorted(set(self.user_data_vars) & _BUILTIN_VARS)
         if builtin:
             raise ValueError(f"user_data_vars {builtin} are filled in by osas itself")
         if self.user_data_format == "json" and self.user_data is not None:
@@ -370,10 +468,20 @@ class OsasConfig(BaseSettings):
     )
 
     cluster_name: Name
-    listen: str = Field("0.0.0.0:8086", pattern=_ADDRESS_RE.pattern)
-    health_listen: str = Field("0.0.0.0:8087", pattern=_ADDRESS_RE.pattern)
+    listen: str = Field(
+        "0.0.0.0:8086",
+        pattern=_ADDRESS_RE.pattern,
+        json_schema_extra={"pattern": _ADDRESS_IN_RANGE},
+    )
+    health_listen: str = Field(
+        "0.0.0.0:8087",
+        pattern=_ADDRESS_RE.pattern,
+        json_schema_extra={"pattern": _ADDRESS_IN_RANGE},
+    )
     # Plain HTTP: /metrics, /healthz, /readyz, /status. Off unless set.
-    metrics_listen: str | None = Field(None, pattern=_ADDRESS_RE.pattern)
+    metrics_listen: str | None = Field(
+        None, pattern=_ADDRESS_RE.pattern, json_schema_extra={"pattern": _ADDRESS_IN_RANGE}
+    )
     tls: TlsConfig | None = None
     insecure: bool = False
     # Plaintext on an address other hosts can reach needs this second, explicit choice.
@@ -390,7 +498,9 @@ class OsasConfig(BaseSettings):
     reconcile: ReconcileConfig = ReconcileConfig()
     queue: QueueConfig = QueueConfig()
     leader_election: LeaderElectionConfig = LeaderElectionConfig()
-    shutdown_grace: Duration = default_duration(ServerSettings, "shutdown_grace")
+    shutdown_grace: Duration = Field(
+        default_duration(ServerSettings, "shutdown_grace"), json_schema_extra={"minimum": 0}
+    )
     node_groups: list[NodeGroupConfig] = Field(min_length=1)
 
     @field_validator("cloud_backend", mode="before")

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import chart_schema
 import helm_python as helm
 import jsonschema
 import kubernetes_validate
@@ -143,5 +144,8 @@ def render_base(chart: Path = CHART) -> str:
 
 
 if __name__ == "__main__":
-    BASE.write_text(render_base())
-    print(f"wrote {BASE.relative_to(ROOT)}")  # noqa: T201
+    # The schema and the defaults first: rendering deploy/ checks its values against them.
+    for path in [*chart_schema.write(), BASE]:
+        if path == BASE:
+            BASE.write_text(render_base())
+        print(f"wrote {path.relative_to(ROOT)}")  # noqa: T201

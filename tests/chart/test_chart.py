@@ -116,16 +116,11 @@ SCENARIOS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "clouds-yaml-from-values": ("osas", {"credentials": {"cloudsYaml": CLOUDS_YAML}}),
     "clouds-yaml-as-text": ("osas", {"credentials": {"cloudsYaml": yaml.safe_dump(CLOUDS_YAML)}}),
-    "env-from-values": (
-        "osas",
-        {"credentials": {"env": ENV}, "config": {"openstack": {"cloud": None}}},
-    ),
+    # OS_* variables need no config.openstack.cloud: the chart sets it for clouds.yaml alone.
+    "env-from-values": ("osas", {"credentials": {"env": ENV}}),
     "existing-env-secret": (
         "osas",
-        {
-            "credentials": {"existingSecret": "os-env", "existingSecretFormat": "env"},
-            "config": {"openstack": {"cloud": None}},
-        },
+        {"credentials": {"existingSecret": "os-env", "existingSecretFormat": "env"}},
     ),
     "ha-story": (
         "osas",
@@ -616,6 +611,8 @@ def test_clouds_yaml_from_values_goes_to_a_secret_mounted_for_openstacksdk(rende
     assert clouds == CLOUDS_YAML
     main = container(objects)
     assert {"name": "OS_CLIENT_CONFIG_FILE", "value": "/etc/openstack/clouds.yaml"} in main["env"]
+    # The entry of clouds.yaml osas uses: the chart's `openstack` unless the values name one.
+    assert osas_config(objects)["openstack"]["cloud"] == "openstack"
     volumes = {v["name"]: v for v in deployment(objects)["spec"]["template"]["spec"]["volumes"]}
     assert volumes["openstack"]["secret"]["secretName"] == "osas-openstack"
     # No hash of the credentials anywhere a reader of the pod could test guesses against.
@@ -641,6 +638,7 @@ def test_os_variables_from_values_go_to_a_secret_passed_as_environment(rendered)
 def test_an_existing_env_secret_is_passed_as_environment(rendered):
     _, objects = rendered["existing-env-secret"]
     assert container(objects)["envFrom"] == [{"secretRef": {"name": "os-env"}}]
+    assert "cloud" not in osas_config(objects)["openstack"]
     assert not [o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == "os-env"]
 
 
@@ -995,7 +993,10 @@ def test_the_schema_refuses_values_that_would_not_work(chart, values, reason):
             "credentials: give cloudsYaml or env, not both",
         ),
         ({"credentials": {"existingSecret": ""}}, "credentials: give existingSecret"),
-        ({"credentials": {"env": ENV}}, "remove config.openstack.cloud"),
+        (
+            {"credentials": {"env": ENV}, "config": {"openstack": {"cloud": "openstack"}}},
+            "remove config.openstack.cloud",
+        ),
         (
             {"config": {"metrics_listen": None}, "metrics": {"serviceMonitor": {"enabled": True}}},
             "metrics.serviceMonitor.enabled needs config.metrics_listen",

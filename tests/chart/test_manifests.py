@@ -9,6 +9,12 @@ import yaml
 pytest.importorskip("helm_python", reason="chart tests run in their own venv: nox -s chart")
 pytest.importorskip("kubernetes_validate", reason="chart tests run in their own venv: nox -s chart")
 
+from chart_schema import (
+    DEFAULTS_TEMPLATE,
+    VALUES_SCHEMA,
+    defaults_template_text,
+    values_schema_text,
+)
 from chartkit import BASE, DEPLOY, find, kustomize, render_base, validate
 
 import osas
@@ -17,6 +23,19 @@ from osas.config import load_config
 
 def test_the_base_is_the_chart_rendered():
     assert BASE.read_text() == render_base(), "deploy/base is stale: run `nox -s manifests`"
+
+
+def test_the_config_schema_is_osas_own():
+    """values.schema.json's `config` is generated from osas's configuration models."""
+    assert VALUES_SCHEMA.read_text() == values_schema_text(), (
+        "charts/osas/values.schema.json is stale: run `nox -s manifests`"
+    )
+
+
+def test_the_templates_know_osas_defaults():
+    assert DEFAULTS_TEMPLATE.read_text() == defaults_template_text(), (
+        "charts/osas/templates/_config_defaults.tpl is stale: run `nox -s manifests`"
+    )
 
 
 @pytest.fixture(scope="module", params=["base", "overlays/example"])

@@ -138,14 +138,21 @@ app.kubernetes.io/component: test
 
 {{/* osas's configuration file as the chart completes it. */}}
 {{- define "osas.config" -}}
+{{- include "osas.configChecks" . }}
 {{- $config := deepCopy .Values.config }}
 {{- $openstack := default (dict) $config.openstack }}
 {{- if hasKey $openstack "auth" }}
 {{- fail "config.openstack.auth would put OpenStack credentials in a ConfigMap in plain text: put them in a Secret instead (credentials.cloudsYaml, credentials.env or credentials.existingSecret; docs/install.md)" }}
 {{- end }}
-{{- if and (eq (include "osas.credentialsFormat" .) "env") $openstack.cloud }}
+{{- if eq (include "osas.credentialsFormat" .) "env" }}
+{{- if $openstack.cloud }}
 {{- fail "config.openstack.cloud names a clouds.yaml entry, but the credentials are OS_* variables (credentials.env or existingSecretFormat: env): remove config.openstack.cloud" }}
 {{- end }}
+{{- else if not $openstack.cloud }}
+{{- /* A clouds.yaml names its clouds: without a name openstacksdk would not pick one. */}}
+{{- $_ := set $openstack "cloud" "openstack" }}
+{{- end }}
+{{- $_ := set $config "openstack" $openstack }}
 {{- $userTls := default (dict) $config.tls }}
 {{- $serverNames := concat (list (include "osas.serviceHost" .)) (default (list) $userTls.server_names) | uniq }}
 {{- $allowed := $userTls.allowed_clients }}
@@ -287,4 +294,95 @@ loss of a node takes the writer or its standby, not both. Empty when there is no
 {{- end }}
 {{- end }}
 {{- if $constraints }}{{ toYaml $constraints }}{{ end }}
+{{- end }}
+
+{{/* A duration of osas's configuration in seconds: a number as it is, a text ("90", "1h30m")
+by osas's own pattern (_config_defaults.tpl). The schema has checked its form already. */}}
+{{- define "osas.seconds" -}}
+{{- if kindIs "string" . }}
+{{- $pattern := include "osas.durationPattern" nil }}
+{{- $plain := regexReplaceAll $pattern . "${1}" | float64 }}
+{{- $hours := regexReplaceAll $pattern . "${2}" | float64 }}
+{{- $minutes := regexReplaceAll $pattern . "${3}" | float64 }}
+{{- $seconds := regexReplaceAll $pattern . "${4}" | float64 }}
+{{- addf $plain (mulf $hours 3600) (mulf $minutes 60) $seconds }}
+{{- else }}
+{{- float64 . }}
+{{- end }}
+{{- end }}
+
+{{/* A block of config with osas's defaults (_config_defaults.tpl) for the keys left out. */}}
+{{- define "osas.withDefaults" -}}
+{{- $block := deepCopy (index (include "osas.configDefaults" nil | fromJson) .name) }}
+{{- range $key, $value := default (dict) .given }}
+{{- $_ := set $block $key $value }}
+{{- end }}
+{{- toJson $block }}
+{{- end }}
+
+{{/* osas's checks across keys (osas/config/schema.py), which a JSON schema cannot state, in
+osas's words: what the schema lets through and osas would refuse fails the render here, not
+the pod at its start (with Recreate, an upgrade would take osas down). */}}
+{{- define "osas.configChecks" -}}
+{{- $config := .Values.config }}
+{{- $reconcile := include "osas.withDefaults" (dict "name" "reconcile" "given" $config.reconcile) | fromJson }}
+{{- $interval := include "osas.seconds" $reconcile.interval | float64 }}
+{{- if lt (include "osas.seconds" $reconcile.full_resync_interval | float64) $interval }}
+{{- fail "config.reconcile: full_resync_interval must not be shorter than interval" }}
+{{- end }}
+{{- if le (include "osas.seconds" $reconcile.max_inventory_age | float64) $interval }}
+{{- fail "config.reconcile: max_inventory_age must be longer than interval" }}
+{{- end }}
+{{- $election := include "osas.withDefaults" (dict "name" "leader_election" "given" $config.leader_election) | fromJson }}
+{{- $retry := include "osas.seconds" $election.retry_period | float64 }}
+{{- $renew := include "osas.seconds" $election.renew_deadline | float64 }}
+{{- $lease := include "osas.seconds" $election.lease_duration | float64 }}
+{{- if not (and (lt $retry $renew) (lt $renew $lease)) }}
+{{- fail "config.leader_election: retry_period < renew_deadline < lease_duration must hold: a holder that cannot renew stops writing before the lease can pass to another" }}
+{{- end }}
+{{- $openstack := include "osas.withDefaults" (dict "name" "openstack" "given" $config.openstack) | fromJson }}
+{{- $window := include "osas.seconds" $reconcile.create_doubt_window | float64 }}
+{{- $timeout := include "osas.seconds" $openstack.api_timeout | float64 }}
+{{- if le $window $timeout }}
+{{- fail (printf "config: reconcile.create_doubt_window (%ss) must be longer than openstack.api_timeout (%ss): Nova may still store a create after the client gave up waiting for it" (toString $window) (toString $timeout)) }}
+{{- end }}
+{{- if and (eq $config.listen $config.health_listen) (not (hasSuffix ":0" $config.listen)) }}
+{{- fail "config: listen and health_listen must differ" }}
+{{- end }}
+{{- with $config.metrics_listen }}
+{{- if and (has . (list $config.listen $config.health_listen)) (not (hasSuffix ":0" .)) }}
+{{- fail "config: metrics_listen must differ from listen and health_listen" }}
+{{- end }}
+{{- end }}
+{{- $seen := dict }}
+{{- range $index, $group := $config.node_groups }}
+{{- $where := printf "config.node_groups[%d](%s)" $index $group.id }}
+{{- if gt (int $group.min_size) (int $group.max_size) }}
+{{- fail (printf "%s: min_size %d is greater than max_size %d" $where (int $group.min_size) (int $group.max_size)) }}
+{{- end }}
+{{- $inline := and (hasKey $group "user_data") (not (kindIs "invalid" $group.user_data)) }}
+{{- $file := and (hasKey $group "user_data_file") (not (kindIs "invalid" $group.user_data_file)) }}
+{{- if $inline }}
+{{- $encoded := len (b64enc $group.user_data) }}
+{{- if gt $encoded 65535 }}
+{{- fail (printf "%s: user_data is %d bytes base64-encoded; Nova accepts 65535" $where $encoded) }}
+{{- end }}
+{{- end }}
+{{- if and $inline $file }}
+{{- fail (printf "%s: give either user_data or user_data_file, not both" $where) }}
+{{- end }}
+{{- if and $group.user_data_vars (not $inline) (not $file) }}
+{{- fail (printf "%s: user_data_vars needs a template: user_data or user_data_file" $where) }}
+{{- end }}
+{{- if and $inline (eq (default "text" $group.user_data_format) "json") }}
+{{- $parsed := printf "{\"user_data\": %s}" $group.user_data | fromJson }}
+{{- if or (hasKey $parsed "Error") (ne (len $parsed) 1) }}
+{{- fail (printf "%s: user_data is not JSON (user_data_format: json)" $where) }}
+{{- end }}
+{{- end }}
+{{- if hasKey $seen $group.id }}
+{{- fail (printf "config: duplicate node group id '%s'" $group.id) }}
+{{- end }}
+{{- $_ := set $seen $group.id true }}
+{{- end }}
 {{- end }}
