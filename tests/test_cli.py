@@ -12,6 +12,7 @@ import time
 import anyio
 import grpc
 import openstack
+import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support import (
@@ -39,11 +40,15 @@ def test_version():
     assert result.stdout.strip() == f"osas {__version__}"
 
 
-def test_serve_answers_then_stops_gracefully_on_sigterm(tmp_path, sim):
-    config = write_config(tmp_path, config_on(sim))
+@pytest.mark.parametrize(
+    ("transport", "loop"), [({}, "uvloop"), ({"event_loop": "asyncio"}, "asyncio")]
+)
+def test_serve_answers_then_stops_gracefully_on_sigterm(tmp_path, sim, transport, loop):
+    config = write_config(tmp_path, {**config_on(sim), "transport": transport})
     with osas_serve(str(config)) as process:
         events = read_events(process, "health SERVING", time.monotonic() + 20)
         listening = next(e for e in events if e["event"] == "grpc listening")
+        assert listening["event_loop"] == loop  # uvloop's unless the configuration says asyncio
         assert any(
             e["event"] == "serving plaintext without client authentication (insecure: true)"
             for e in events

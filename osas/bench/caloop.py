@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import grpc
+import uvloop
 
 from osas.bench.client import CA_TIMEOUT, SERVICE, Client, options, target_size
 from osas.bench.processes import (
@@ -540,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serve-bare", type=Path, help="be the bare server (the measure's own)")
     args = parser.parse_args(argv)
     if args.serve_bare:
-        asyncio.run(serve_bare(args.serve_bare))
+        uvloop.run(serve_bare(args.serve_bare))  # the event loop osas serve runs by default
         return 0
     plan = Plan(tuple(args.nodes), args.rounds)
     with tempfile.TemporaryDirectory(prefix="osas-bench-") as temporary:

@@ -111,7 +111,13 @@ def run(args: argparse.Namespace) -> int:
         return StartupFailure("config", EXIT_CONFIG, message).report()
     tune_process()
     try:
-        anyio.run(_serve, load_config(args.config), args.config)
+        config = load_config(args.config)
+        anyio.run(
+            _serve,
+            config,
+            args.config,
+            backend_options={"use_uvloop": config.transport.event_loop == "uvloop"},
+        )
     except BaseException as error:  # sorted below; interrupts are re-raised
         failures = [startup_failure(leaf) for leaf in _leaves(error)]
         known = [failure for failure in failures if failure is not None]

@@ -215,6 +215,8 @@ class TransportConfig(_Strict):
     )
     keepalive_time: PositiveDuration = default_duration(TransportSettings, "keepalive_time")
     keepalive_timeout: PositiveDuration = default_duration(TransportSettings, "keepalive_timeout")
+    # asyncio's is the fallback should uvloop ever misbehave.
+    event_loop: Literal["uvloop", "asyncio"] = default_of(TransportSettings, "event_loop")
 
 
 def _is_ip(text: str) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import socket
 from collections.abc import Awaitable, Callable
@@ -253,6 +254,8 @@ class ProviderServer:
             port=self.port,
             health_port=self.health_port,
             tls=settings.tls is not None,
+            # The loop that runs (transport.event_loop): uvloop's, or asyncio's own.
+            event_loop=type(asyncio.get_running_loop()).__module__.partition(".")[0],
         )
 
     async def set_warm(self) -> None:

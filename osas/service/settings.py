@@ -29,6 +29,9 @@ class TransportSettings:
     max_connection_age_grace: float = 30.0
     keepalive_time: float = 60.0
     keepalive_timeout: float = 20.0
+    # The process's event loop, chosen before it starts (osas.cli.serve): uvloop's lowers
+    # grpc.aio's own CPU a call by some 10% (docs/BENCHMARKS.md).
+    event_loop: str = "uvloop"
 
 
 @dataclass(frozen=True, slots=True)

@@ -345,7 +345,8 @@ def configuration(files: dict[str, str]) -> dict[str, Any]:
 def refusal(config: dict[str, Any], path: Path) -> str | None:
     path.write_text(json.dumps(config))  # YAML too, and quicker to write
     try:
-        load_config(path)
+        # The files user data is read from are the pod's (/etc/osas/...), not this machine's.
+        load_config(path, read_files=False)
     except ConfigError as exc:
         return str(exc)
     return None
