@@ -11,6 +11,7 @@ from fake_cloud import FakeCloud
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client import CollectorRegistry
+from structlog.testing import capture_logs
 from support import (
     Provider,
     ca_client,
@@ -21,9 +22,10 @@ from support import (
     running,
 )
 
+from osas.domain.errors import NodeGroupNotFound
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.protocol import externalgrpc_pb2_grpc as pb_grpc
-from osas.service.gate import RpcGate
+from osas.service.gate import REQUEST_ID_KEY, RpcGate
 from osas.service.metrics import RpcMetrics
 from osas.sim.model import FakeNova
 
@@ -172,6 +174,10 @@ async def test_reflection_lists_the_provider_service(tmp_path):
     assert "grpc.health.v1.Health" in names
 
 
+def _decode_target_size(raw, context):
+    return pb.NodeGroupTargetSizeRequest.FromString(raw)
+
+
 async def test_calls_past_max_concurrent_rpcs_are_refused_and_the_rest_served():
     """transport.max_concurrent_rpcs: the calls in progress past it get RESOURCE_EXHAUSTED at
     once; the ones within it are served. Counted by osas's call gate on a real server."""
@@ -183,8 +189,7 @@ async def test_calls_past_max_concurrent_rpcs_are_refused_and_the_rest_served():
 
     gate = RpcGate(SERVICE, RpcMetrics(CollectorRegistry(), METHODS), max_concurrent=2)
     handler = grpc.unary_unary_rpc_method_handler(
-        gate.wrap("NodeGroupTargetSize", slow),
-        request_deserializer=pb.NodeGroupTargetSizeRequest.FromString,
+        gate.wrap("NodeGroupTargetSize", _decode_target_size, slow),
         response_serializer=pb.NodeGroupTargetSizeResponse.SerializeToString,
     )
     server = grpc.aio.server()
@@ -210,3 +215,57 @@ async def test_calls_past_max_concurrent_rpcs_are_refused_and_the_rest_served():
         assert gate.in_flight == 0
     finally:
         await server.stop(None)
+
+
+async def test_a_bug_answers_internal_without_its_details_and_logs_its_traceback():
+    """Whatever a method raises that is not an osas error is INTERNAL, worded by osas (the
+    exception's text could hold what is not the caller's), its traceback in the log; an osas
+    error is its own status. Both are answered by setting the status: the gate's one coroutine
+    sees the call through and counts it."""
+
+    async def broken(request, context):
+        if request.id == "nope":
+            raise NodeGroupNotFound("node group 'nope' is not configured")
+        raise RuntimeError("password=hunter2")
+
+    registry = CollectorRegistry()
+    gate = RpcGate(SERVICE, RpcMetrics(registry, METHODS))
+    handler = grpc.unary_unary_rpc_method_handler(
+        gate.wrap(
+            "NodeGroupTargetSize",
+            lambda raw, _: pb.NodeGroupTargetSizeRequest.FromString(raw),
+            broken,
+        ),
+        response_serializer=pb.NodeGroupTargetSizeResponse.SerializeToString,
+    )
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE.full_name, {"NodeGroupTargetSize": handler}),)
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        with capture_logs() as logs:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = pb_grpc.CloudProviderStub(channel)
+                with pytest.raises(grpc.aio.AioRpcError) as bug:
+                    await stub.NodeGroupTargetSize(pb.NodeGroupTargetSizeRequest(id="workers"))
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stub.NodeGroupTargetSize(pb.NodeGroupTargetSizeRequest(id="nope"))
+    finally:
+        await server.stop(None)
+    assert bug.value.code() is grpc.StatusCode.INTERNAL
+    assert bug.value.details() == "NodeGroupTargetSize failed; see the osas log"
+    assert refused.value.code() is grpc.StatusCode.NOT_FOUND
+    assert refused.value.details() == "node group 'nope' is not configured"
+    failed = [e for e in logs if e["event"] == "rpc failed"]
+    assert len(failed) == 1
+    assert isinstance(failed[0]["exc_info"], RuntimeError)
+    lines = [(e["code"], e["request_id"]) for e in logs if e["event"] == "rpc"]
+    assert [code for code, _ in lines] == ["INTERNAL", "NOT_FOUND"]
+    assert dict(bug.value.trailing_metadata())[REQUEST_ID_KEY] == lines[0][1]
+    handled = "osas_grpc_server_handled_total"
+    for code in ("INTERNAL", "NOT_FOUND"):
+        labels = {"method": "NodeGroupTargetSize", "code": code}
+        assert registry.get_sample_value(handled, labels) == 1
+    assert gate.in_flight == 0

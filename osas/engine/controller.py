@@ -125,7 +125,10 @@ class Controller:
         """The max size CA is told for a group (``Inventory.reported_max``: configured,
         held after a start, bounded by the project's quota); NodeGroups and NodeGroupForNode
         say the same."""
-        return self.inventory.reported_max(spec, anyio.current_time())
+        # The clock anyio.current_time() reads (the event loop's is time.monotonic's), read
+        # without anyio's lookup of the running backend (0.5 µs against 0.04): CA asks this
+        # once per node per loop.
+        return self.inventory.reported_max(spec, time.monotonic())
 
     def node_group_for_node(self, node: NodeInfo) -> NodeGroupSpec | None:
         self.check_ready()

@@ -1,11 +1,10 @@
-"""The one place where osas errors become gRPC statuses. Refusals are logged once, by the
-call's access line (``gate``), with the message given here as their reason."""
+"""The one place where osas errors become gRPC statuses (the gate calls it for every method).
+Refusals are logged once, by the call's access line (``gate``), with the message given here as
+their reason."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import grpc
 import structlog
@@ -50,31 +49,9 @@ def answer_refused(context: Any, error: OsasError) -> Serialized:
     return refuse(context, status_of(error), str(error))
 
 
-S = TypeVar("S")
-Req = TypeVar("Req")
-Resp = TypeVar("Resp")
-Ctx = TypeVar("Ctx")
-
-
-def translate_errors(
-    method: Callable[[S, Req, Ctx], Awaitable[Resp]],
-) -> Callable[[S, Req, Ctx], Awaitable[Resp]]:
-    """Wrap an RPC: an osas error answers its status; anything else is INTERNAL, logged with
-    its traceback but never shown to the client (it could hold details that are not theirs).
-    Both are answered by setting the status (``answers.refuse``), never by raising."""
-    rpc = method.__name__
-
-    @functools.wraps(method)
-    async def wrapper(self: S, request: Req, context: Ctx) -> Resp:
-        try:
-            return await method(self, request, context)
-        except OsasError as exc:
-            return cast("Resp", answer_refused(context, exc))
-        except Exception:
-            # A bug: its traceback here, its access line (INTERNAL) from the gate.
-            logger.exception("rpc failed", rpc=rpc)
-            return cast(
-                "Resp", refuse(context, grpc.StatusCode.INTERNAL, f"{rpc} failed; see the osas log")
-            )
-
-    return wrapper
+def answer_failed(context: Any, method: str, error: Exception) -> Serialized:
+    """A bug in answering ``method``: its traceback logged here (the call's access line says
+    INTERNAL), never shown to the client, which could read details that are not theirs.
+    """
+    logger.error("rpc failed", rpc=method, exc_info=error)
+    return refuse(context, grpc.StatusCode.INTERNAL, f"{method} failed; see the osas log")

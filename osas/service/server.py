@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,7 @@ from structlog.contextvars import bind_contextvars
 from osas.domain.limits import MAX_NODES_PER_REQUEST
 from osas.engine.controller import Controller
 from osas.protocol import externalgrpc_pb2
-from osas.service.answers import Serialized, refuse
+from osas.service.answers import refuse
 from osas.service.gate import RpcGate
 from osas.service.health import ProbeHealthServicer
 from osas.service.metrics import RpcMetrics
@@ -35,7 +35,7 @@ logger = structlog.get_logger(__name__)
 _SERVICE = externalgrpc_pb2.DESCRIPTOR.services_by_name["CloudProvider"]
 SERVICE_NAME = _SERVICE.full_name
 
-Handler = Callable[[Message, grpc.aio.ServicerContext[Any, Any]], Awaitable[Message | Serialized]]
+Screen = Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Message | None]
 
 
 class BindError(Exception):
@@ -112,44 +112,43 @@ def _listen(key: str, address: str, add: Callable[[str], int]) -> int:
         raise BindError(f"cannot listen on {address} ({key}): {bind_problem(address)}") from None
 
 
-def _screened(
-    name: str, handle: Handler, request_class: type[Message], allow: ClientAllowList | None
-) -> Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Awaitable[Message | Serialized]]:
+def _screen(name: str, request_class: type[Message], allow: ClientAllowList | None) -> Screen:
     """Decode the request ourselves, so that undecodable bytes get INVALID_ARGUMENT (not the
     INTERNAL gRPC would answer), refuse a capped repeated field that is too long before
-    decoding it, and admit only allowed client identities. Refusals set their status
-    (``answers.refuse``) and are logged once, in the call's access line (``gate``), with the
-    reason given here."""
+    decoding it, and admit only allowed client identities. A refusal sets its status
+    (``answers.refuse``) and gives None; it is logged once, in the call's access line
+    (``gate``), with the reason given here. Synchronous: the gate calls it inline, not as one
+    more coroutine a call."""
     cap = _CAPPED_FIELDS.get(name)
     capped_number = request_class.DESCRIPTOR.fields_by_name[cap.field].number if cap else 0
 
-    async def call(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Message | Serialized:
+    def decode(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Message | None:
         if allow:
             admitted, identity = allow.admits(context.auth_context())
             if not admitted:
                 # Who was refused goes into the call's access line.
                 bind_contextvars(client=identity.names() if identity else [])
-                return refuse(
-                    context, grpc.StatusCode.PERMISSION_DENIED, "client identity is not allowed"
-                )
+                refuse(context, grpc.StatusCode.PERMISSION_DENIED, "client identity is not allowed")
+                return None
         if cap and more_records_than(raw, capped_number, cap.limit):
-            return refuse(
+            refuse(
                 context,
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"more than {cap.limit} {cap.field} in one request; at most {cap.limit} "
                 "are accepted",
             )
+            return None
         try:
-            request = request_class.FromString(raw)
+            return request_class.FromString(raw)
         except DecodeError:
-            return refuse(
+            refuse(
                 context,
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"request is not a valid {request_class.DESCRIPTOR.name} message",
             )
-        return await handle(request, context)
+            return None
 
-    return call
+    return decode
 
 
 def _serialize(message: Message) -> bytes:
@@ -159,14 +158,13 @@ def _serialize(message: Message) -> bytes:
 def provider_handler(
     servicer: CloudProviderServicer, allow: ClientAllowList | None, gate: RpcGate
 ) -> grpc.GenericRpcHandler[Any, Any]:
-    """The CloudProvider service, every method screened (``_screened``) and gated (``RpcGate``)."""
+    """The CloudProvider service, every method screened (``_screen``) and gated (``RpcGate``)."""
     handlers = {}
     for method in _SERVICE.methods:
         request_class = message_factory.GetMessageClass(method.input_type)
-        handle = getattr(servicer, method.name)
-        screened = _screened(method.name, handle, request_class, allow)
+        screen = _screen(method.name, request_class, allow)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            gate.wrap(method.name, screened),
+            gate.wrap(method.name, screen, getattr(servicer, method.name)),
             request_deserializer=None,
             response_serializer=_serialize,
         )

@@ -20,7 +20,7 @@ from osas.engine.controller import Controller, NodeGroupView
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.service import translate
 from osas.service.answers import Serialized
-from osas.service.errors import answer_refused, translate_errors
+from osas.service.errors import answer_refused
 
 if TYPE_CHECKING:
     # The generated stubs' own alias for a sync-or-aio context; it exists only in the .pyi.
@@ -62,7 +62,6 @@ class CloudProviderServicer:
         # group id -> (the spec it was decided for, why it answers no options, or None)
         self._options: dict[str, tuple[NodeGroupSpec, OsasError | None]] = {}
 
-    @translate_errors
     async def NodeGroups(
         self, request: pb.NodeGroupsRequest, context: Context
     ) -> pb.NodeGroupsResponse:
@@ -72,7 +71,6 @@ class CloudProviderServicer:
             nodeGroups=[translate.node_group(g, controller.reported_max(g)) for g in groups]
         )
 
-    @translate_errors
     async def NodeGroupForNode(
         self, request: pb.NodeGroupForNodeRequest, context: Context
     ) -> Serialized:
@@ -89,7 +87,6 @@ class CloudProviderServicer:
             self._for_node[spec.group_id] = cached
         return cached[2]
 
-    @translate_errors
     async def PricingNodePrice(
         self, request: pb.PricingNodePriceRequest, context: Context
     ) -> pb.PricingNodePriceResponse:
@@ -98,7 +95,6 @@ class CloudProviderServicer:
         price = self._controller.node_price(translate.node_info(request.node), start, end)
         return pb.PricingNodePriceResponse(price=price)
 
-    @translate_errors
     async def PricingPodPrice(
         self, request: pb.PricingPodPriceRequest, context: Context
     ) -> pb.PricingPodPriceResponse:
@@ -107,11 +103,9 @@ class CloudProviderServicer:
         price = self._controller.pod_price(translate.pod_requests(request), start, end)
         return pb.PricingPodPriceResponse(price=price)
 
-    @translate_errors
     async def GPULabel(self, request: pb.GPULabelRequest, context: Context) -> pb.GPULabelResponse:
         return pb.GPULabelResponse(label=self._controller.gpu_label())
 
-    @translate_errors
     async def GetAvailableGPUTypes(
         self, request: pb.GetAvailableGPUTypesRequest, context: Context
     ) -> pb.GetAvailableGPUTypesResponse:
@@ -119,17 +113,14 @@ class CloudProviderServicer:
         types = {name: AnyMessage() for name in self._controller.gpu_types()}
         return pb.GetAvailableGPUTypesResponse(gpuTypes=types)
 
-    @translate_errors
     async def Cleanup(self, request: pb.CleanupRequest, context: Context) -> pb.CleanupResponse:
         self._controller.cleanup()
         return pb.CleanupResponse()
 
-    @translate_errors
     async def Refresh(self, request: pb.RefreshRequest, context: Context) -> pb.RefreshResponse:
         self._controller.refresh()
         return pb.RefreshResponse()
 
-    @translate_errors
     async def NodeGroupTargetSize(
         self, request: pb.NodeGroupTargetSizeRequest, context: Context
     ) -> Serialized:
@@ -141,14 +132,12 @@ class CloudProviderServicer:
             ).SerializeToString(),
         )
 
-    @translate_errors
     async def NodeGroupIncreaseSize(
         self, request: pb.NodeGroupIncreaseSizeRequest, context: Context
     ) -> pb.NodeGroupIncreaseSizeResponse:
         self._controller.group_to_change(request.id).increase_size(request.delta)
         return pb.NodeGroupIncreaseSizeResponse()
 
-    @translate_errors
     async def NodeGroupDeleteNodes(
         self, request: pb.NodeGroupDeleteNodesRequest, context: Context
     ) -> pb.NodeGroupDeleteNodesResponse:
@@ -157,14 +146,12 @@ class CloudProviderServicer:
         await group.delete_nodes(nodes, context.time_remaining())
         return pb.NodeGroupDeleteNodesResponse()
 
-    @translate_errors
     async def NodeGroupDecreaseTargetSize(
         self, request: pb.NodeGroupDecreaseTargetSizeRequest, context: Context
     ) -> pb.NodeGroupDecreaseTargetSizeResponse:
         self._controller.group_to_change(request.id).decrease_target_size(request.delta)
         return pb.NodeGroupDecreaseTargetSizeResponse()
 
-    @translate_errors
     async def NodeGroupNodes(
         self, request: pb.NodeGroupNodesRequest, context: Context
     ) -> Serialized:
@@ -176,13 +163,11 @@ class CloudProviderServicer:
             ).SerializeToString(),
         )
 
-    @translate_errors
     async def NodeGroupTemplateNodeInfo(
         self, request: pb.NodeGroupTemplateNodeInfoRequest, context: Context
     ) -> pb.NodeGroupTemplateNodeInfoResponse:
         return translate.template_response(self._controller.group(request.id).template())
 
-    @translate_errors
     async def NodeGroupGetOptions(
         self, request: pb.NodeGroupAutoscalingOptionsRequest, context: Context
     ) -> pb.NodeGroupAutoscalingOptionsResponse | Serialized:
