@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import grpc
 import pytest
@@ -178,18 +179,12 @@ def _decode_target_size(raw, context):
     return pb.NodeGroupTargetSizeRequest.FromString(raw)
 
 
-async def test_calls_past_max_concurrent_rpcs_are_refused_and_the_rest_served():
-    """transport.max_concurrent_rpcs: the calls in progress past it get RESOURCE_EXHAUSTED at
-    once; the ones within it are served. Counted by osas's call gate on a real server."""
-    release = asyncio.Event()
-
-    async def slow(request, context):
-        await release.wait()
-        return pb.NodeGroupTargetSizeResponse(targetSize=1)
-
-    gate = RpcGate(SERVICE, RpcMetrics(CollectorRegistry(), METHODS), max_concurrent=2)
+@contextlib.asynccontextmanager
+async def gated_target_size(gate, behavior):
+    """A real grpc.aio server on loopback whose NodeGroupTargetSize is ``behavior`` behind
+    ``gate``; yields a CloudProvider stub connected to it."""
     handler = grpc.unary_unary_rpc_method_handler(
-        gate.wrap("NodeGroupTargetSize", _decode_target_size, slow),
+        gate.wrap("NodeGroupTargetSize", _decode_target_size, behavior),
         response_serializer=pb.NodeGroupTargetSizeResponse.SerializeToString,
     )
     server = grpc.aio.server()
@@ -200,21 +195,34 @@ async def test_calls_past_max_concurrent_rpcs_are_refused_and_the_rest_served():
     await server.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = pb_grpc.CloudProviderStub(channel)
-            calls = [
-                asyncio.ensure_future(stub.NodeGroupTargetSize(pb.NodeGroupTargetSizeRequest()))
-                for _ in range(5)
-            ]
-            await eventually(lambda: gate.in_flight == 5 or any(c.done() for c in calls))
-            await eventually(lambda: sum(c.done() for c in calls) == 3, what="3 refused")
-            release.set()
-            outcomes = await asyncio.gather(*calls, return_exceptions=True)
-        refused = [o for o in outcomes if isinstance(o, grpc.aio.AioRpcError)]
-        assert [o.code() for o in refused] == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 3
-        assert sum(1 for o in outcomes if not isinstance(o, Exception)) == 2
-        assert gate.in_flight == 0
+            yield pb_grpc.CloudProviderStub(channel)
     finally:
         await server.stop(None)
+
+
+async def test_calls_past_max_concurrent_rpcs_are_refused_and_the_rest_served():
+    """transport.max_concurrent_rpcs: the calls in progress past it get RESOURCE_EXHAUSTED at
+    once; the ones within it are served. Counted by osas's call gate on a real server."""
+    release = asyncio.Event()
+
+    async def slow(request, context):
+        await release.wait()
+        return pb.NodeGroupTargetSizeResponse(targetSize=1)
+
+    gate = RpcGate(SERVICE, RpcMetrics(CollectorRegistry(), METHODS), max_concurrent=2)
+    async with gated_target_size(gate, slow) as stub:
+        calls = [
+            asyncio.ensure_future(stub.NodeGroupTargetSize(pb.NodeGroupTargetSizeRequest()))
+            for _ in range(5)
+        ]
+        await eventually(lambda: gate.in_flight == 5 or any(c.done() for c in calls))
+        await eventually(lambda: sum(c.done() for c in calls) == 3, what="3 refused")
+        release.set()
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    refused = [o for o in outcomes if isinstance(o, grpc.aio.AioRpcError)]
+    assert [o.code() for o in refused] == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 3
+    assert sum(1 for o in outcomes if not isinstance(o, Exception)) == 2
+    assert gate.in_flight == 0
 
 
 async def test_a_bug_answers_internal_without_its_details_and_logs_its_traceback():
@@ -230,30 +238,12 @@ async def test_a_bug_answers_internal_without_its_details_and_logs_its_traceback
 
     registry = CollectorRegistry()
     gate = RpcGate(SERVICE, RpcMetrics(registry, METHODS))
-    handler = grpc.unary_unary_rpc_method_handler(
-        gate.wrap(
-            "NodeGroupTargetSize",
-            lambda raw, _: pb.NodeGroupTargetSizeRequest.FromString(raw),
-            broken,
-        ),
-        response_serializer=pb.NodeGroupTargetSizeResponse.SerializeToString,
-    )
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(SERVICE.full_name, {"NodeGroupTargetSize": handler}),)
-    )
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        with capture_logs() as logs:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                stub = pb_grpc.CloudProviderStub(channel)
-                with pytest.raises(grpc.aio.AioRpcError) as bug:
-                    await stub.NodeGroupTargetSize(pb.NodeGroupTargetSizeRequest(id="workers"))
-                with pytest.raises(grpc.aio.AioRpcError) as refused:
-                    await stub.NodeGroupTargetSize(pb.NodeGroupTargetSizeRequest(id="nope"))
-    finally:
-        await server.stop(None)
+    with capture_logs() as logs:
+        async with gated_target_size(gate, broken) as stub:
+            with pytest.raises(grpc.aio.AioRpcError) as bug:
+                await stub.NodeGroupTargetSize(pb.NodeGroupTargetSizeRequest(id="workers"))
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.NodeGroupTargetSize(pb.NodeGroupTargetSizeRequest(id="nope"))
     assert bug.value.code() is grpc.StatusCode.INTERNAL
     assert bug.value.details() == "NodeGroupTargetSize failed; see the osas log"
     assert refused.value.code() is grpc.StatusCode.NOT_FOUND
