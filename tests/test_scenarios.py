@@ -485,7 +485,14 @@ async def test_a_server_deleted_behind_osas_back_leaves_within_one_incremental_s
         connect(cloud).compute.delete_server(victim)
 
         def gone() -> bool:
-            return victim not in {s["id"] for s in ours(cloud, config)}
+            # Gone as Nova shows it to a listing of changes (what an incremental sync reads):
+            # out of the project's listing, and DELETED since the last complete listing.
+            conn = connect(cloud)
+            if victim in {s["id"] for s in project_servers(conn)}:
+                return False
+            since = "/servers/detail?changes-since=2000-01-01T00:00:00Z"
+            changes = conn.compute.get(since, microversion="2.52").json()["servers"]
+            return any(s["id"] == victim and s["status"] == "DELETED" for s in changes)
 
         await until(gone, 60, "the server gone from Nova")  # deleting first, then DELETED
         before = [i.id for i in await ca.nodes("workers")]
