@@ -198,11 +198,11 @@ class Osas:
         stop_process(self.process)
 
 
-def stop_process(process: subprocess.Popen[Any]) -> None:
-    """SIGTERM, as Kubernetes stops osas; killed if it has not exited 30 s later."""
+def stop_process(process: subprocess.Popen[Any], grace: float = 30.0) -> None:
+    """SIGTERM, as Kubernetes stops osas; killed if it has not exited ``grace`` seconds later."""
     process.send_signal(signal.SIGTERM)
     try:
-        process.wait(timeout=30)
+        process.wait(timeout=grace)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()

@@ -80,12 +80,7 @@ def kube_standin(folder: Path) -> Iterator[dict[str, Any]]:
             raise RuntimeError(msg)
         yield dict(json.loads(line))
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, grace=20.0)
 
 
 class Service:
