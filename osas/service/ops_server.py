@@ -222,7 +222,10 @@ async def _awaited(work: Callable[[], Awaitable[_Answer]]) -> _Answer:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True  # a client still connected never holds the process at exit
-    request_queue_size = 128
+    # Connections wait here until the single accepting thread starts a thread for each. At 128,
+    # a burst of a few hundred idle clients filled it, Linux dropped the next SYN, and a kubelet
+    # probe retried it only after 1 s: a failed /healthz. The kernel caps it at somaxconn.
+    request_queue_size = 1024
 
 
 class _Server6(_Server):
