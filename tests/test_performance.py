@@ -98,11 +98,12 @@ async def test_node_group_nodes_is_serialised_once_per_change_of_its_group(tmp_p
     provider = Provider(config, FakeCloud(nova))
     await provider.start()
     try:
-        # A servicer over the running app's controller, called as gRPC calls it.
+        # A servicer over the running app's controller, called as the gate calls it (a read
+        # that never waits is a plain method).
         servicer = CloudProviderServicer(provider.app.controller)
 
         async def answer(group: str) -> bytes:
-            served = await servicer.NodeGroupNodes(pb.NodeGroupNodesRequest(id=group), None)
+            served = servicer.NodeGroupNodes(pb.NodeGroupNodesRequest(id=group), None)
             return served.SerializeToString()
 
         first = await answer("workers")

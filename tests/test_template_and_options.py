@@ -7,15 +7,26 @@ from datetime import timedelta
 import grpc
 import pytest
 import structlog
+from fake_cloud import FakeCloud
 from prometheus_client import generate_latest
-from support import ca_client, make_config, running
+from support import (
+    Provider,
+    ca_client,
+    config_data,
+    expect_status,
+    make_config,
+    running,
+    write_config,
+)
 
+from osas.config import load_config
 from osas.domain.inventory import Instance, InstanceState
 from osas.domain.limits import MAX_GROUP_SIZE
 from osas.domain.servers import ErrorClass, ErrorInfo
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.protocol import k8s_pb2 as k8s
 from osas.service.translate import instance
+from osas.sim.model import FakeNova
 
 GIB = 1024**3
 
@@ -198,3 +209,41 @@ def test_the_largest_node_group_answer_fits_in_what_ca_accepts():
         ]
     )
     assert response.ByteSize() < 4 * 1024 * 1024
+
+
+async def test_an_options_refusal_given_again_from_its_bytes_ends_with_the_configuration(
+    tmp_path,
+):
+    """GetOptions' UNIMPLEMENTED is kept by its request bytes and given again from them alone
+    (CA asks four times per node per loop, with the same bytes). A reload that gives the group
+    overrides answers them at the next call with the same bytes; one that takes them away
+    answers UNIMPLEMENTED again. Every call is counted."""
+    data = config_data()
+    path = write_config(tmp_path, data)
+    provider = Provider(load_config(path), FakeCloud(FakeNova()), config_path=path)
+    await provider.start()
+    defaults = ca_defaults(legacy=False)
+    try:
+        async with ca_client(provider.address) as ca:
+            for _ in range(3):
+                details = await expect_status(
+                    grpc.StatusCode.UNIMPLEMENTED, ca.options("workers", defaults)
+                )
+                assert details == "node group has no option overrides; CA keeps its defaults"
+            data["node_groups"][0]["options"] = {"scale_down_unneeded_time": "7m"}
+            write_config(tmp_path, data)
+            assert await provider.app.reload_once() == "applied"
+            options = await ca.options("workers", defaults)
+            assert options.scaleDownUnneededDuration.ToTimedelta() == timedelta(minutes=7)
+            assert options.scaleDownUnreadyDuration.ToTimedelta() == timedelta(minutes=20)
+            del data["node_groups"][0]["options"]
+            write_config(tmp_path, data)
+            assert await provider.app.reload_once() == "applied"
+            await expect_status(grpc.StatusCode.UNIMPLEMENTED, ca.options("workers", defaults))
+        scraped = generate_latest(provider.app.registry).decode().splitlines()
+    finally:
+        await provider.stop()
+    method = 'method="NodeGroupGetOptions"'
+    assert f'osas_grpc_server_handled_total{{code="UNIMPLEMENTED",{method}}} 4.0' in scraped
+    assert f'osas_grpc_server_handled_total{{code="OK",{method}}} 1.0' in scraped
+    assert f"osas_grpc_server_started_total{{{method}}} 5.0" in scraped

@@ -23,9 +23,10 @@ from support import (
     running,
 )
 
-from osas.domain.errors import NodeGroupNotFound
+from osas.domain.errors import NodeGroupNotFound, NotReady
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.protocol import externalgrpc_pb2_grpc as pb_grpc
+from osas.service.answers import StandingAnswers, refuse
 from osas.service.gate import REQUEST_ID_KEY, RpcGate
 from osas.service.metrics import RpcMetrics
 from osas.sim.model import FakeNova
@@ -180,11 +181,12 @@ def _decode_target_size(raw, context):
 
 
 @contextlib.asynccontextmanager
-async def gated_target_size(gate, behavior):
+async def gated_target_size(gate, behavior, standing=None):
     """A real grpc.aio server on loopback whose NodeGroupTargetSize is ``behavior`` behind
-    ``gate``; yields a CloudProvider stub connected to it."""
+    ``gate`` (with ``standing`` answers, if given); yields a CloudProvider stub connected to
+    it."""
     handler = grpc.unary_unary_rpc_method_handler(
-        gate.wrap("NodeGroupTargetSize", _decode_target_size, behavior),
+        gate.wrap("NodeGroupTargetSize", _decode_target_size, behavior, standing),
         response_serializer=pb.NodeGroupTargetSizeResponse.SerializeToString,
     )
     server = grpc.aio.server()
@@ -259,3 +261,58 @@ async def test_a_bug_answers_internal_without_its_details_and_logs_its_traceback
         labels = {"method": "NodeGroupTargetSize", "code": code}
         assert registry.get_sample_value(handled, labels) == 1
     assert gate.in_flight == 0
+
+
+async def test_a_standing_answer_is_given_only_while_its_configuration_holds_and_osas_answers():
+    """The gate gives a kept UNIMPLEMENTED again from its request bytes alone, without asking
+    the method. It asks again for other bytes, once the configuration the answer was decided
+    from is replaced (a reload), and whenever osas may not answer (a standby, before the first
+    sync): then the method's own refusal goes out. Every call is counted."""
+    configuration, answering, asked = [object()], [True], []
+
+    def behavior(request, context):
+        asked.append(request.id)
+        if not answering[0]:
+            raise NotReady("standing by: osas-a holds the leader lease")
+        return refuse(context, grpc.StatusCode.UNIMPLEMENTED, "no overrides")
+
+    registry = CollectorRegistry()
+    gate = RpcGate(SERVICE, RpcMetrics(registry, METHODS))
+    standing = StandingAnswers(lambda: configuration[0], lambda: answering[0])
+
+    async def expect(code, group="workers"):
+        request = pb.NodeGroupTargetSizeRequest(id=group)
+        return await expect_status(code, stub.NodeGroupTargetSize(request))
+
+    async with gated_target_size(gate, behavior, standing) as stub:
+        for _ in range(3):
+            assert await expect(grpc.StatusCode.UNIMPLEMENTED) == "no overrides"
+        assert asked == ["workers"]
+        await expect(grpc.StatusCode.UNIMPLEMENTED, "gpu")
+        assert asked == ["workers", "gpu"]
+        configuration[0] = object()  # reloaded
+        await expect(grpc.StatusCode.UNIMPLEMENTED)
+        assert asked == ["workers", "gpu", "workers"]
+        answering[0] = False
+        assert "standing by" in await expect(grpc.StatusCode.UNAVAILABLE)
+        assert asked == ["workers", "gpu", "workers", "workers"]
+        answering[0] = True
+        await expect(grpc.StatusCode.UNIMPLEMENTED)
+        assert len(asked) == 4  # kept under the same configuration
+    handled = "osas_grpc_server_handled_total"
+    labels = {"method": "NodeGroupTargetSize"}
+    assert registry.get_sample_value(handled, {**labels, "code": "UNIMPLEMENTED"}) == 6
+    assert registry.get_sample_value(handled, {**labels, "code": "UNAVAILABLE"}) == 1
+    assert registry.get_sample_value("osas_grpc_server_started_total", labels) == 7
+
+
+def test_standing_answers_are_bounded():
+    """One kept answer per distinct request; past the bound the kept ones are dropped, never
+    grown without end by a client sending ever new bytes."""
+    standing = StandingAnswers(lambda: None, lambda: True, limit=3)
+    for index in range(3):
+        standing.keep(b"%d" % index, None, grpc.StatusCode.UNIMPLEMENTED, "no overrides")
+    assert standing.get(b"2") == (grpc.StatusCode.UNIMPLEMENTED, "no overrides")
+    standing.keep(b"3", None, grpc.StatusCode.UNIMPLEMENTED, "no overrides")
+    assert [standing.get(b"%d" % index) for index in range(3)] == [None] * 3
+    assert standing.get(b"3") is not None

@@ -73,6 +73,10 @@ class Controller:
         NodeGroups until then)."""
         return self.inventory.cluster
 
+    def answering(self) -> bool:
+        """Whether CA's reads are answered now (``check_ready`` passes)."""
+        return self.inventory.synced and self._standby() is None
+
     def check_ready(self) -> None:
         if not self.inventory.synced:
             raise NotReady("inventory not synced with OpenStack yet; try again shortly")
@@ -109,6 +113,12 @@ class Controller:
         per-group call of CA starts here (CA's own example wrapper does the same)."""
         self.check_ready()
         return NodeGroupView(self, require_group(self.cluster, group_id))
+
+    def group_spec(self, group_id: str) -> NodeGroupSpec:
+        """The configuration of the node group a call names, the inventory checked ready: the
+        same checks as ``group``, for the reads answered from the spec alone."""
+        self.check_ready()
+        return require_group(self.cluster, group_id)
 
     def group_to_change(self, group_id: str) -> NodeGroupView:
         """The same, for a call that changes the group: refused while shutting down."""

@@ -9,6 +9,7 @@ costs more than the answer of the cheapest read.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -34,3 +35,42 @@ def refuse(context: Any, code: grpc.StatusCode, details: str) -> Serialized:
     context.set_code(code)
     context.set_details(details)
     return NO_MESSAGE
+
+
+class StandingAnswers:
+    """Refusals that stand for the same request bytes while the configuration they were
+    decided from stays in force: GetOptions' UNIMPLEMENTED for a group without overrides,
+    which CA asks four times per node per loop with the same bytes (its request has no map,
+    so Go marshals it alike each time). The gate finds one by the bytes alone, before anything
+    is decoded: in the server, each microsecond of Python a call costs several (cold caches
+    between grpc.aio's C calls; docs/BENCHMARKS.md)."""
+
+    __slots__ = ("_answering", "_basis", "_by_request", "_limit")
+
+    def __init__(
+        self,
+        basis: Callable[[], object],
+        answering: Callable[[], bool],
+        *,
+        limit: int = 1024,
+    ) -> None:
+        self._basis = basis  # the configuration in force (a new object on each reload)
+        self._answering = answering  # False while the server may not answer (not ready...)
+        self._by_request: dict[bytes, tuple[object, grpc.StatusCode, str]] = {}
+        self._limit = limit  # distinct requests kept: one per node group and set of defaults
+
+    def basis(self) -> object:
+        return self._basis()
+
+    def get(self, raw: bytes) -> tuple[grpc.StatusCode, str] | None:
+        """The status and details standing for these bytes, or None: never decided, decided
+        under another configuration, or the server may not answer now."""
+        kept = self._by_request.get(raw)
+        if kept is None or kept[0] is not self._basis() or not self._answering():
+            return None
+        return kept[1], kept[2]
+
+    def keep(self, raw: bytes, basis: object, code: grpc.StatusCode, details: str) -> None:
+        if len(self._by_request) >= self._limit:
+            self._by_request.clear()
+        self._by_request[raw] = (basis, code, details)

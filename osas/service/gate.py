@@ -20,13 +20,14 @@ TargetSize, GetOptions, Refresh...) are only counted, and so is UNIMPLEMENTED, w
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 import structlog
@@ -36,7 +37,7 @@ from google.protobuf.message import DecodeError, Message
 from structlog.contextvars import bind_contextvars, get_contextvars
 
 from osas.domain.errors import OsasError
-from osas.service.answers import NO_MESSAGE, refuse
+from osas.service.answers import NO_MESSAGE, StandingAnswers, refuse
 from osas.service.errors import answer_failed, answer_refused
 from osas.service.metrics import MethodMetrics, RpcMetrics
 
@@ -50,11 +51,12 @@ LOGGED_METHODS = frozenset(
 _FAULTS = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
 # A read that succeeded, or answered UNIMPLEMENTED ("keep your defaults", four times per node
 # per loop): counted, never logged.
-_UNLOGGED = frozenset({grpc.StatusCode.OK, grpc.StatusCode.UNIMPLEMENTED})
+_OK, _UNIMPLEMENTED = grpc.StatusCode.OK, grpc.StatusCode.UNIMPLEMENTED
 
 if TYPE_CHECKING:
     # Generic only in the type stubs.
     Behavior = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
+    SyncBehavior = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Any]
     Handler = Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
     Screen = Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Message | None]
 
@@ -111,11 +113,16 @@ class RpcGate:
                 has_group="id" in method.input_type.fields_by_name,
             )
 
+    def _send_request_id(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
+        """A new request id, sent back in the call's trailing metadata."""
+        request_id = self._ids.next()
+        context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
+        return request_id
+
     def _bind_request_id(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
         """A mutating call's request id, sent back and bound to its log context from the
         start, so that every line logged during the call carries it."""
-        request_id = self._ids.next()
-        context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
+        request_id = self._send_request_id(context)
         bind_contextvars(request_id=request_id)
         return request_id
 
@@ -148,30 +155,37 @@ class RpcGate:
         gets its request id here, so that its answer and its line share it)."""
         seconds = time.perf_counter() - begun
         method.metrics.finished(code, seconds)
-        if method.logged or code not in _UNLOGGED:
-            if request_id is None:
-                request_id = self._ids.next()
-                context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
+        # By identity: a status code is an Enum, whose hash is a call of Python code.
+        if method.logged or not (code is _OK or code is _UNIMPLEMENTED):
             _log(
                 method,
                 request=request,
                 context=context,
                 code=code,
                 seconds=seconds,
-                request_id=request_id,
+                request_id=request_id or self._send_request_id(context),
             )
 
-    def wrap(self, name: str, screen: Screen, behavior: Behavior) -> Handler:
+    def wrap(
+        self,
+        name: str,
+        screen: Screen,
+        behavior: Behavior | SyncBehavior,
+        standing: StandingAnswers | None = None,
+    ) -> Handler:
         """One method's handler: the call admitted, its request screened and decoded
         (``screen``), answered by ``behavior`` (the servicer's method) with its osas errors
         turned into statuses (``errors``), counted, timed and logged. One coroutine a call:
-        each layer more costs microseconds of CPU on every call CA makes."""
+        each layer more costs microseconds of CPU on every call CA makes, so a method that
+        never waits is a plain function, called without a coroutine of its own. With
+        ``standing`` (``answers.StandingAnswers``), the method's UNIMPLEMENTED is kept by its
+        request bytes and given again from them alone: admitted, counted and timed still."""
         method = self._methods[name]
-        series = method.metrics
+        answer_of, waits = _answering(name, behavior)
 
         async def gated(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             begun = time.perf_counter()
-            series.started += 1
+            method.metrics.started += 1
             request_id = self._bind_request_id(context) if method.logged else None
             code = grpc.StatusCode.OK
             request: Any = raw  # decoded when it passes the screen
@@ -182,14 +196,9 @@ class RpcGate:
                     answer = NO_MESSAGE  # refused, its status set
                 else:
                     request = decoded
-                    try:
-                        answer = await behavior(decoded, context)
-                    except OsasError as exc:
-                        answer = answer_refused(context, exc)
-                    except grpc.aio.AbortError:
-                        raise
-                    except Exception as exc:  # noqa: BLE001 - a bug: INTERNAL, traceback logged
-                        answer = answer_failed(context, name, exc)
+                    answer = answer_of(decoded, context)
+                    if waits:
+                        answer = await answer
                 # Every refusal sets its status and returns (``answers.refuse``).
                 code = context.code() or code
             except grpc.aio.AbortError:
@@ -210,7 +219,62 @@ class RpcGate:
                     method, request, context, code=code, begun=begun, request_id=request_id
                 )
 
-        return gated
+        return gated if standing is None else self._standing_first(method, gated, standing)
+
+    def _standing_first(
+        self, method: _Method, gated: Handler, standing: StandingAnswers
+    ) -> Handler:
+        """``gated``, behind the answers standing for their request bytes."""
+        series = method.metrics
+
+        async def standing_first(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            if self.in_flight < self._max_concurrent:
+                kept = standing.get(raw)
+                if kept is not None:
+                    begun = time.perf_counter()
+                    series.started += 1
+                    context.set_code(kept[0])
+                    context.set_details(kept[1])
+                    series.finished(kept[0], time.perf_counter() - begun)
+                    return NO_MESSAGE
+            basis = standing.basis()  # before the answer is decided: a reload may follow it
+            answer = await gated(raw, context)
+            if context.code() is _UNIMPLEMENTED:
+                standing.keep(raw, basis, _UNIMPLEMENTED, context.details() or "")
+            return answer
+
+        return standing_first
+
+
+def _answering(name: str, behavior: Behavior | SyncBehavior) -> tuple[SyncBehavior, bool]:
+    """``behavior`` with its osas errors set as statuses (``errors.answer_refused``) and
+    anything else answered INTERNAL (``errors.answer_failed``), and whether what it gives must
+    be awaited. A behaviour that never waits is called as a plain function, with no coroutine
+    of its own: the gate's is the one coroutine of its call."""
+    if inspect.iscoroutinefunction(behavior):
+        waiting = cast("Behavior", behavior)
+
+        async def answer_waiting(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            try:
+                return await waiting(request, context)
+            except OsasError as exc:
+                return answer_refused(context, exc)
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a bug: INTERNAL, traceback logged
+                return answer_failed(context, name, exc)
+
+        return answer_waiting, True
+
+    def answer_now(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        try:
+            return behavior(request, context)
+        except OsasError as exc:
+            return answer_refused(context, exc)
+        except Exception as exc:  # noqa: BLE001 - a bug: INTERNAL, traceback logged
+            return answer_failed(context, name, exc)
+
+    return answer_now, False
 
 
 def _group(method: _Method, request: Any) -> str | None:

@@ -160,11 +160,13 @@ def provider_handler(
 ) -> grpc.GenericRpcHandler[Any, Any]:
     """The CloudProvider service, every method screened (``_screen``) and gated (``RpcGate``)."""
     handlers = {}
+    standing = servicer.standing_answers()
     for method in _SERVICE.methods:
         request_class = message_factory.GetMessageClass(method.input_type)
         screen = _screen(method.name, request_class, allow)
+        behavior = getattr(servicer, method.name)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            gate.wrap(method.name, screen, getattr(servicer, method.name)),
+            gate.wrap(method.name, screen, behavior, standing.get(method.name)),
             request_deserializer=None,
             response_serializer=_serialize,
         )

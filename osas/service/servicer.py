@@ -12,15 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import grpc
 from google.protobuf.any_pb2 import Any as AnyMessage
 
-from osas.domain.errors import OsasError
 from osas.domain.specs import NodeGroupSpec
 from osas.engine.controller import Controller, NodeGroupView
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.service import translate
-from osas.service.answers import Serialized
-from osas.service.errors import answer_refused
+from osas.service.answers import Serialized, StandingAnswers, refuse
+from osas.service.errors import status_of
 
 if TYPE_CHECKING:
     # The generated stubs' own alias for a sync-or-aio context; it exists only in the .pyi.
@@ -59,21 +59,26 @@ class CloudProviderServicer:
         self._for_node: dict[str, tuple[NodeGroupSpec, int, Serialized]] = {}
         self._nodes = _PerGeneration()
         self._targets = _PerGeneration()
-        # group id -> (the spec it was decided for, why it answers no options, or None)
-        self._options: dict[str, tuple[NodeGroupSpec, OsasError | None]] = {}
+        # group id -> (the spec it was decided for, the status and details of its refusal to
+        # answer options, or None)
+        self._options: dict[str, tuple[NodeGroupSpec, tuple[grpc.StatusCode, str] | None]] = {}
 
-    async def NodeGroups(
-        self, request: pb.NodeGroupsRequest, context: Context
-    ) -> pb.NodeGroupsResponse:
+    def standing_answers(self) -> dict[str, StandingAnswers]:
+        """The methods whose refusals stand for the same request bytes (``answers``): GetOptions,
+        whose UNIMPLEMENTED depends on the configuration alone."""
+        controller = self._controller
+        return {
+            "NodeGroupGetOptions": StandingAnswers(lambda: controller.cluster, controller.answering)
+        }
+
+    def NodeGroups(self, request: pb.NodeGroupsRequest, context: Context) -> pb.NodeGroupsResponse:
         controller = self._controller
         groups = controller.node_groups()
         return pb.NodeGroupsResponse(
             nodeGroups=[translate.node_group(g, controller.reported_max(g)) for g in groups]
         )
 
-    async def NodeGroupForNode(
-        self, request: pb.NodeGroupForNodeRequest, context: Context
-    ) -> Serialized:
+    def NodeGroupForNode(self, request: pb.NodeGroupForNodeRequest, context: Context) -> Serialized:
         controller = self._controller
         spec = controller.node_group_for_node(translate.node_info(request.node))
         if spec is None:
@@ -87,7 +92,7 @@ class CloudProviderServicer:
             self._for_node[spec.group_id] = cached
         return cached[2]
 
-    async def PricingNodePrice(
+    def PricingNodePrice(
         self, request: pb.PricingNodePriceRequest, context: Context
     ) -> pb.PricingNodePriceResponse:
         self._controller.check_ready()  # before the request is parsed, as for every RPC
@@ -95,7 +100,7 @@ class CloudProviderServicer:
         price = self._controller.node_price(translate.node_info(request.node), start, end)
         return pb.PricingNodePriceResponse(price=price)
 
-    async def PricingPodPrice(
+    def PricingPodPrice(
         self, request: pb.PricingPodPriceRequest, context: Context
     ) -> pb.PricingPodPriceResponse:
         self._controller.check_ready()
@@ -103,25 +108,25 @@ class CloudProviderServicer:
         price = self._controller.pod_price(translate.pod_requests(request), start, end)
         return pb.PricingPodPriceResponse(price=price)
 
-    async def GPULabel(self, request: pb.GPULabelRequest, context: Context) -> pb.GPULabelResponse:
+    def GPULabel(self, request: pb.GPULabelRequest, context: Context) -> pb.GPULabelResponse:
         return pb.GPULabelResponse(label=self._controller.gpu_label())
 
-    async def GetAvailableGPUTypes(
+    def GetAvailableGPUTypes(
         self, request: pb.GetAvailableGPUTypesRequest, context: Context
     ) -> pb.GetAvailableGPUTypesResponse:
         # CA reads only the keys.
         types = {name: AnyMessage() for name in self._controller.gpu_types()}
         return pb.GetAvailableGPUTypesResponse(gpuTypes=types)
 
-    async def Cleanup(self, request: pb.CleanupRequest, context: Context) -> pb.CleanupResponse:
+    def Cleanup(self, request: pb.CleanupRequest, context: Context) -> pb.CleanupResponse:
         self._controller.cleanup()
         return pb.CleanupResponse()
 
-    async def Refresh(self, request: pb.RefreshRequest, context: Context) -> pb.RefreshResponse:
+    def Refresh(self, request: pb.RefreshRequest, context: Context) -> pb.RefreshResponse:
         self._controller.refresh()
         return pb.RefreshResponse()
 
-    async def NodeGroupTargetSize(
+    def NodeGroupTargetSize(
         self, request: pb.NodeGroupTargetSizeRequest, context: Context
     ) -> Serialized:
         group = self._controller.group(request.id)
@@ -132,7 +137,7 @@ class CloudProviderServicer:
             ).SerializeToString(),
         )
 
-    async def NodeGroupIncreaseSize(
+    def NodeGroupIncreaseSize(
         self, request: pb.NodeGroupIncreaseSizeRequest, context: Context
     ) -> pb.NodeGroupIncreaseSizeResponse:
         self._controller.group_to_change(request.id).increase_size(request.delta)
@@ -146,15 +151,13 @@ class CloudProviderServicer:
         await group.delete_nodes(nodes, context.time_remaining())
         return pb.NodeGroupDeleteNodesResponse()
 
-    async def NodeGroupDecreaseTargetSize(
+    def NodeGroupDecreaseTargetSize(
         self, request: pb.NodeGroupDecreaseTargetSizeRequest, context: Context
     ) -> pb.NodeGroupDecreaseTargetSizeResponse:
         self._controller.group_to_change(request.id).decrease_target_size(request.delta)
         return pb.NodeGroupDecreaseTargetSizeResponse()
 
-    async def NodeGroupNodes(
-        self, request: pb.NodeGroupNodesRequest, context: Context
-    ) -> Serialized:
+    def NodeGroupNodes(self, request: pb.NodeGroupNodesRequest, context: Context) -> Serialized:
         group = self._controller.group(request.id)
         return self._nodes.answer(
             group,
@@ -163,30 +166,28 @@ class CloudProviderServicer:
             ).SerializeToString(),
         )
 
-    async def NodeGroupTemplateNodeInfo(
+    def NodeGroupTemplateNodeInfo(
         self, request: pb.NodeGroupTemplateNodeInfoRequest, context: Context
     ) -> pb.NodeGroupTemplateNodeInfoResponse:
         return translate.template_response(self._controller.group(request.id).template())
 
-    async def NodeGroupGetOptions(
+    def NodeGroupGetOptions(
         self, request: pb.NodeGroupAutoscalingOptionsRequest, context: Context
     ) -> pb.NodeGroupAutoscalingOptionsResponse | Serialized:
-        group = self._controller.group(request.id)
-        refusal = self._options_refusal(group)
-        if refusal is not None:
+        controller = self._controller
+        spec = controller.group_spec(request.id)
+        cached = self._options.get(spec.group_id)
+        if cached is None or cached[0] is not spec:
+            refusal = controller.group(request.id).options_refusal()
+            cached = (spec, None if refusal is None else (status_of(refusal), str(refusal)))
+            self._options[spec.group_id] = cached
+        refused = cached[1]
+        if refused is not None:
             # UNIMPLEMENTED (keep your defaults) for a group without overrides: CA asks four
-            # times per node per loop, so it is answered without an exception.
-            return answer_refused(context, refusal)
-        options = group.options(translate.options_from(request.defaults))
+            # times per node per loop, so the status is decided once per configuration and set
+            # without an exception.
+            return refuse(context, *refused)
+        options = controller.group(request.id).options(translate.options_from(request.defaults))
         return pb.NodeGroupAutoscalingOptionsResponse(
             nodeGroupAutoscalingOptions=translate.options_message(options)
         )
-
-    def _options_refusal(self, group: NodeGroupView) -> OsasError | None:
-        """The domain's decision for the group, kept while its configuration stays."""
-        spec = group.spec
-        cached = self._options.get(spec.group_id)
-        if cached is None or cached[0] is not spec:
-            cached = (spec, group.options_refusal())
-            self._options[spec.group_id] = cached
-        return cached[1]
