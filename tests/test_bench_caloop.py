@@ -117,6 +117,23 @@ def test_the_section_shows_every_labelled_run_between_its_markers(tmp_path):
     ) in section
     assert "| NodeGroupGetOptions alone, server CPU a call | 300 µs |" in section
     assert "9.00 s" not in section
+    # Round by round, for the noise: each run's loop osas/bare per round and their median.
+    assert "- before, 1,000 nodes: 2.00; median **2.00x**" in section
+    assert "- after, 1,000 nodes: 1.50; median **1.50x**" in section
+
+
+def test_round_by_round_takes_the_median_of_the_pairs_not_the_ratio_of_the_means(tmp_path):
+    """Three rounds where one is far off: the median of the per-round ratios ignores it,
+    where the ratio of the means would not."""
+    run = _run("noisy", 1.0, 1.0)
+    (row,) = run.rows
+    row.osas.loops = [Spent(cpu, 3.0, 5_008) for cpu in (1.1, 1.2, 3.0)]
+    row.bare.loops = [Spent(1.0, 3.0, 5_008)] * 3
+    report = tmp_path / "BENCHMARKS.md"
+    report.write_text("# Benchmarks\n")
+    save_run(report, run)
+    replace_caloop_section(report, load_runs(report))
+    assert "- noisy, 1,000 nodes: 1.10, 1.20, 3.00; median **1.20x**" in report.read_text()
 
 
 def test_osas_bench_measures_the_ca_loop_as_its_latest_run_beside_the_runs_kept_before(

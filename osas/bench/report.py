@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -355,7 +356,29 @@ def caloop_section(runs: list[CaLoopRun]) -> list[str]:
                 )
                 cells += [_caloop_number(c, "x") if ratios else "" for c in changes]
             lines.append("| " + " | ".join(cells) + " |")
-    return [*lines, CALOOP_END]
+    return [*lines, *_round_by_round(runs), CALOOP_END]
+
+
+def _round_by_round(runs: list[CaLoopRun]) -> list[str]:
+    """osas/bare for the whole loop in each round (the servers measured back to back), and
+    their median: on a shared machine one round moves by 5-15%, and the median of the pairs
+    holds better than the ratio of the means above."""
+    lines = ["", "osas/bare for the loop, round by round (the median of the rounds last):", ""]
+    for run in runs:
+        for row in run.rows:
+            pairs = [
+                osas.cpu / bare.cpu
+                for osas, bare in zip(row.osas.loops, row.bare.loops, strict=False)
+                if bare.cpu > 0
+            ]
+            if not pairs:
+                continue
+            rounds = ", ".join(f"{pair:.2f}" for pair in pairs)
+            lines.append(
+                f"- {run.label}, {row.nodes:,} nodes: {rounds}; "
+                f"median **{statistics.median(pairs):.2f}x**"
+            )
+    return lines
 
 
 def replace_caloop_section(out: Path, runs: list[CaLoopRun]) -> None:
