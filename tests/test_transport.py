@@ -26,7 +26,7 @@ from support import (
 from osas.domain.errors import NodeGroupNotFound, NotReady
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.protocol import externalgrpc_pb2_grpc as pb_grpc
-from osas.service.answers import StandingAnswers, refuse
+from osas.service.answers import NO_MESSAGE, Serialized, StandingAnswers, refuse
 from osas.service.gate import REQUEST_ID_KEY, RpcGate
 from osas.service.metrics import RpcMetrics
 from osas.sim.model import FakeNova
@@ -187,7 +187,8 @@ async def gated_target_size(gate, behavior, standing=None):
     it."""
     handler = grpc.unary_unary_rpc_method_handler(
         gate.wrap("NodeGroupTargetSize", _decode_target_size, behavior, standing),
-        response_serializer=pb.NodeGroupTargetSizeResponse.SerializeToString,
+        # As osas serve does: a message, or an answer serialised before (answers.Serialized).
+        response_serializer=lambda answer: answer.SerializeToString(),
     )
     server = grpc.aio.server()
     server.add_generic_rpc_handlers(
@@ -264,16 +265,20 @@ async def test_a_bug_answers_internal_without_its_details_and_logs_its_traceback
 
 
 async def test_a_standing_answer_is_given_only_while_its_configuration_holds_and_osas_answers():
-    """The gate gives a kept UNIMPLEMENTED again from its request bytes alone, without asking
-    the method. It asks again for other bytes, once the configuration the answer was decided
-    from is replaced (a reload), and whenever osas may not answer (a standby, before the first
-    sync): then the method's own refusal goes out. Every call is counted."""
+    """The gate gives a kept answer (UNIMPLEMENTED, or OK with its bytes) again from its
+    request bytes alone, without asking the method. It asks again for other bytes, once the
+    configuration the answer was decided from is replaced (a reload), and whenever osas may not
+    answer (a standby, before the first sync): then the method's own refusal goes out. Every
+    call is counted."""
     configuration, answering, asked = [object()], [True], []
+    answered = Serialized(pb.NodeGroupTargetSizeResponse(targetSize=3).SerializeToString())
 
     def behavior(request, context):
         asked.append(request.id)
         if not answering[0]:
             raise NotReady("standing by: osas-a holds the leader lease")
+        if request.id == "answered":
+            return answered
         return refuse(context, grpc.StatusCode.UNIMPLEMENTED, "no overrides")
 
     registry = CollectorRegistry()
@@ -299,20 +304,26 @@ async def test_a_standing_answer_is_given_only_while_its_configuration_holds_and
         answering[0] = True
         await expect(grpc.StatusCode.UNIMPLEMENTED)
         assert len(asked) == 4  # kept under the same configuration
+        for _ in range(2):
+            request = pb.NodeGroupTargetSizeRequest(id="answered")
+            assert (await stub.NodeGroupTargetSize(request)).targetSize == 3
+        assert asked[4:] == ["answered"]
     handled = "osas_grpc_server_handled_total"
     labels = {"method": "NodeGroupTargetSize"}
     assert registry.get_sample_value(handled, {**labels, "code": "UNIMPLEMENTED"}) == 6
     assert registry.get_sample_value(handled, {**labels, "code": "UNAVAILABLE"}) == 1
-    assert registry.get_sample_value("osas_grpc_server_started_total", labels) == 7
+    assert registry.get_sample_value(handled, {**labels, "code": "OK"}) == 2
+    assert registry.get_sample_value("osas_grpc_server_started_total", labels) == 9
 
 
 def test_standing_answers_are_bounded():
     """One kept answer per distinct request; past the bound the kept ones are dropped, never
     grown without end by a client sending ever new bytes."""
     standing = StandingAnswers(lambda: None, lambda: True, limit=3)
+    unimplemented = (grpc.StatusCode.UNIMPLEMENTED, "no overrides", NO_MESSAGE)
     for index in range(3):
-        standing.keep(b"%d" % index, None, grpc.StatusCode.UNIMPLEMENTED, "no overrides")
-    assert standing.get(b"2") == (grpc.StatusCode.UNIMPLEMENTED, "no overrides")
-    standing.keep(b"3", None, grpc.StatusCode.UNIMPLEMENTED, "no overrides")
+        standing.keep(b"%d" % index, None, *unimplemented)
+    assert standing.get(b"2") == unimplemented
+    standing.keep(b"3", None, *unimplemented)
     assert [standing.get(b"%d" % index) for index in range(3)] == [None] * 3
     assert standing.get(b"3") is not None

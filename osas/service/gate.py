@@ -37,7 +37,7 @@ from google.protobuf.message import DecodeError, Message
 from structlog.contextvars import bind_contextvars, get_contextvars
 
 from osas.domain.errors import OsasError
-from osas.service.answers import NO_MESSAGE, StandingAnswers, refuse
+from osas.service.answers import NO_MESSAGE, Serialized, StandingAnswers, refuse
 from osas.service.errors import answer_failed, answer_refused
 from osas.service.metrics import MethodMetrics, RpcMetrics
 
@@ -178,8 +178,9 @@ class RpcGate:
         turned into statuses (``errors``), counted, timed and logged. One coroutine a call:
         each layer more costs microseconds of CPU on every call CA makes, so a method that
         never waits is a plain function, called without a coroutine of its own. With
-        ``standing`` (``answers.StandingAnswers``), the method's UNIMPLEMENTED is kept by its
-        request bytes and given again from them alone: admitted, counted and timed still."""
+        ``standing`` (``answers.StandingAnswers``), the method's OK and UNIMPLEMENTED answers
+        are kept by their request bytes and given again from them alone: admitted, counted and
+        timed still."""
         method = self._methods[name]
         answer_of, waits = _answering(name, behavior)
 
@@ -233,14 +234,20 @@ class RpcGate:
                 if kept is not None:
                     begun = time.perf_counter()
                     series.started += 1
-                    context.set_code(kept[0])
-                    context.set_details(kept[1])
-                    series.finished(kept[0], time.perf_counter() - begun)
-                    return NO_MESSAGE
+                    code, details, answer = kept
+                    if code is not _OK:
+                        context.set_code(code)
+                        context.set_details(details)
+                    series.finished(code, time.perf_counter() - begun)
+                    return answer
             basis = standing.basis()  # before the answer is decided: a reload may follow it
             answer = await gated(raw, context)
-            if context.code() is _UNIMPLEMENTED:
-                standing.keep(raw, basis, _UNIMPLEMENTED, context.details() or "")
+            code = context.code()
+            # Only the answers no line is written for: OK (a serialised one) and UNIMPLEMENTED.
+            if code is _UNIMPLEMENTED:
+                standing.keep(raw, basis, code, context.details() or "", NO_MESSAGE)
+            elif code is None and isinstance(answer, Serialized):
+                standing.keep(raw, basis, _OK, "", answer)
             return answer
 
         return standing_first

@@ -64,8 +64,8 @@ class CloudProviderServicer:
         self._options: dict[str, tuple[NodeGroupSpec, tuple[grpc.StatusCode, str] | None]] = {}
 
     def standing_answers(self) -> dict[str, StandingAnswers]:
-        """The methods whose refusals stand for the same request bytes (``answers``): GetOptions,
-        whose UNIMPLEMENTED depends on the configuration alone."""
+        """The methods whose answers stand for the same request bytes (``answers``):
+        GetOptions, which the request's defaults and the configuration alone decide."""
         controller = self._controller
         return {
             "NodeGroupGetOptions": StandingAnswers(lambda: controller.cluster, controller.answering)
@@ -173,7 +173,7 @@ class CloudProviderServicer:
 
     def NodeGroupGetOptions(
         self, request: pb.NodeGroupAutoscalingOptionsRequest, context: Context
-    ) -> pb.NodeGroupAutoscalingOptionsResponse | Serialized:
+    ) -> Serialized:
         controller = self._controller
         spec = controller.group_spec(request.id)
         cached = self._options.get(spec.group_id)
@@ -188,6 +188,8 @@ class CloudProviderServicer:
             # without an exception.
             return refuse(context, *refused)
         options = controller.group(request.id).options(translate.options_from(request.defaults))
-        return pb.NodeGroupAutoscalingOptionsResponse(
+        response = pb.NodeGroupAutoscalingOptionsResponse(
             nodeGroupAutoscalingOptions=translate.options_message(options)
         )
+        # Serialised here: the gate keeps it for these request bytes (``standing_answers``).
+        return Serialized(response.SerializeToString())
