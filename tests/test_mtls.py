@@ -19,6 +19,7 @@ from prometheus_client import generate_latest
 from support import Provider, make_config
 
 from osas.demo.client import ClientTls, connect
+from osas.protocol import externalgrpc_pb2 as pb
 from osas.sim.model import FakeNova
 
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
@@ -125,6 +126,32 @@ async def test_allow_list_admits_listed_identities_only(tmp_path, pki):
         refusal = next(e for e in logs if e["event"] == "rpc" and e["code"] == "PERMISSION_DENIED")
         assert "dns:intruder.example" in refusal["client"]
         assert provider.nova.calls["servers.create"] == 0
+    finally:
+        await provider.stop()
+
+
+async def test_an_answer_kept_for_an_allowed_client_is_never_given_to_another(tmp_path, pki):
+    """GetOptions' answer is kept by its request bytes (CA asks it four times per node per
+    loop); a client outside the allow list sending the same bytes is still refused
+    PERMISSION_DENIED, each time, with an access line."""
+    provider = await start(
+        tmp_path, pki, allowed_clients=["dns:cluster-autoscaler.kube-system.svc"]
+    )
+    defaults = pb.NodeGroupAutoscalingOptions(scaleDownUtilizationThreshold=0.5)
+    try:
+        async with connect(address(provider), pki.client()) as ca:
+            for _ in range(2):
+                with pytest.raises(grpc.aio.AioRpcError) as kept:
+                    await ca.options("workers", defaults)
+                assert kept.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        with structlog.testing.capture_logs() as logs:
+            async with connect(address(provider), pki.client(None, "intruder.example")) as other:
+                for _ in range(2):
+                    with pytest.raises(grpc.aio.AioRpcError) as refused:
+                        await other.options("workers", defaults)
+                    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        lines = [e for e in logs if e["event"] == "rpc" and e["code"] == "PERMISSION_DENIED"]
+        assert len(lines) == 2
     finally:
         await provider.stop()
 

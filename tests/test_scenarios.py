@@ -484,17 +484,28 @@ async def test_a_server_deleted_behind_osas_back_leaves_within_one_incremental_s
         assert f"openstack:///{victim}" in [i.id for i in await ca.nodes("workers")]
         connect(cloud).compute.delete_server(victim)
 
+        seen: list[str] = []  # what Nova showed last, for the message if it never goes
+
         def gone() -> bool:
             # Gone as Nova shows it to a listing of changes (what an incremental sync reads):
             # out of the project's listing, and DELETED since the last complete listing.
             conn = connect(cloud)
-            if victim in {s["id"] for s in project_servers(conn)}:
+            listed = {s["id"]: s for s in project_servers(conn)}
+            if victim in listed:
+                server = listed[victim]
+                task = server.get("OS-EXT-STS:task_state")
+                seen[:] = [f"still listed: {server['status']}, task_state {task}"]
                 return False
             since = "/servers/detail?changes-since=2000-01-01T00:00:00Z"
             changes = conn.compute.get(since, microversion="2.52").json()["servers"]
-            return any(s["id"] == victim and s["status"] == "DELETED" for s in changes)
+            statuses = [s["status"] for s in changes if s["id"] == victim]
+            seen[:] = [f"not listed; changes-since shows it as {statuses} among {len(changes)}"]
+            return "DELETED" in statuses
 
-        await until(gone, 60, "the server gone from Nova")  # deleting first, then DELETED
+        try:
+            await until(gone, 60, "the server gone from Nova")  # deleting first, then DELETED
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last seen: {seen}") from None
         before = [i.id for i in await ca.nodes("workers")]
         assert f"openstack:///{victim}" in before  # nothing has synced since
         status = provider.app.reconciler.status

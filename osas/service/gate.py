@@ -57,6 +57,8 @@ if TYPE_CHECKING:
     # Generic only in the type stubs.
     Behavior = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
     SyncBehavior = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Any]
+    # Whether the calling client may be answered at all (``tls.allowed_clients``).
+    Admits = Callable[[grpc.aio.ServicerContext[Any, Any]], bool]
     Handler = Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
     Screen = Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Message | None]
 
@@ -172,6 +174,7 @@ class RpcGate:
         screen: Screen,
         behavior: Behavior | SyncBehavior,
         standing: StandingAnswers | None = None,
+        admits: Admits | None = None,
     ) -> Handler:
         """One method's handler: the call admitted, its request screened and decoded
         (``screen``), answered by ``behavior`` (the servicer's method) with its osas errors
@@ -180,7 +183,8 @@ class RpcGate:
         never waits is a plain function, called without a coroutine of its own. With
         ``standing`` (``answers.StandingAnswers``), the method's OK and UNIMPLEMENTED answers
         are kept by their request bytes and given again from them alone: admitted, counted and
-        timed still."""
+        timed still, and only to a client ``admits`` lets in (the allow list; the screen
+        refuses the others, every time)."""
         method = self._methods[name]
         answer_of, waits = _answering(name, behavior)
 
@@ -220,16 +224,18 @@ class RpcGate:
                     method, request, context, code=code, begun=begun, request_id=request_id
                 )
 
-        return gated if standing is None else self._standing_first(method, gated, standing)
+        if standing is None:
+            return gated
+        return self._standing_first(method, gated, standing, admits or _everyone)
 
     def _standing_first(
-        self, method: _Method, gated: Handler, standing: StandingAnswers
+        self, method: _Method, gated: Handler, standing: StandingAnswers, admits: Admits
     ) -> Handler:
         """``gated``, behind the answers standing for their request bytes."""
         series = method.metrics
 
         async def standing_first(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            if self.in_flight < self._max_concurrent:
+            if self.in_flight < self._max_concurrent and admits(context):
                 kept = standing.get(raw)
                 if kept is not None:
                     begun = time.perf_counter()
@@ -251,6 +257,11 @@ class RpcGate:
             return answer
 
         return standing_first
+
+
+def _everyone(context: grpc.aio.ServicerContext[Any, Any]) -> bool:  # noqa: ARG001 - Admits
+    """No allow list: every client the TLS handshake let in."""
+    return True
 
 
 def _answering(name: str, behavior: Behavior | SyncBehavior) -> tuple[SyncBehavior, bool]:

@@ -151,6 +151,16 @@ def _screen(name: str, request_class: type[Message], allow: ClientAllowList | No
     return decode
 
 
+def _admits(allow: ClientAllowList) -> Callable[[grpc.aio.ServicerContext[Any, Any]], bool]:
+    """Whether the calling client is on the allow list, with no refusal set (the screen sets
+    it, and the gate writes its line, when the call goes that way)."""
+
+    def admits(context: grpc.aio.ServicerContext[Any, Any]) -> bool:
+        return allow.admits(context.auth_context())[0]
+
+    return admits
+
+
 def _serialize(message: Message) -> bytes:
     return message.SerializeToString()
 
@@ -161,12 +171,13 @@ def provider_handler(
     """The CloudProvider service, every method screened (``_screen``) and gated (``RpcGate``)."""
     handlers = {}
     standing = servicer.standing_answers()
+    admits = None if allow is None else _admits(allow)
     for method in _SERVICE.methods:
         request_class = message_factory.GetMessageClass(method.input_type)
         screen = _screen(method.name, request_class, allow)
         behavior = getattr(servicer, method.name)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            gate.wrap(method.name, screen, behavior, standing.get(method.name)),
+            gate.wrap(method.name, screen, behavior, standing.get(method.name), admits),
             request_deserializer=None,
             response_serializer=_serialize,
         )
