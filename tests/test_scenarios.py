@@ -28,9 +28,11 @@ import pytest
 import structlog
 from clouds import (
     NOVA_AVAILABLE,
+    RESEND_DELETE_AFTER,
     ScenarioCloud,
     connect,
     delete_everything,
+    describe_servers,
     project_servers,
     running_cloud,
     settings_for,
@@ -483,8 +485,8 @@ async def test_a_server_deleted_behind_osas_back_leaves_within_one_incremental_s
         victim = ours(cloud, config)[0]["id"]
         assert f"openstack:///{victim}" in [i.id for i in await ca.nodes("workers")]
         connect(cloud).compute.delete_server(victim)
-
         seen: list[str] = []  # what Nova showed last, for the message if it never goes
+        resend_at = [time.monotonic() + RESEND_DELETE_AFTER]
 
         def gone() -> bool:
             # Gone as Nova shows it to a listing of changes (what an incremental sync reads):
@@ -492,9 +494,12 @@ async def test_a_server_deleted_behind_osas_back_leaves_within_one_incremental_s
             conn = connect(cloud)
             listed = {s["id"]: s for s in project_servers(conn)}
             if victim in listed:
-                server = listed[victim]
-                task = server.get("OS-EXT-STS:task_state")
-                seen[:] = [f"still listed: {server['status']}, task_state {task}"]
+                seen[:] = describe_servers([listed[victim]])
+                # Real Nova can answer 204 and keep the server (delete_everything): again.
+                if time.monotonic() > resend_at[0] and not seen[0].endswith(" deleting"):
+                    print(f"delete sent again: {seen}")  # noqa: T201 - for a failure
+                    conn.compute.delete_server(victim)
+                    resend_at[0] = time.monotonic() + RESEND_DELETE_AFTER
                 return False
             since = "/servers/detail?changes-since=2000-01-01T00:00:00Z"
             changes = conn.compute.get(since, microversion="2.52").json()["servers"]
