@@ -73,16 +73,20 @@ class Controller:
         NodeGroups until then)."""
         return self.inventory.cluster
 
+    def _not_answering(self) -> str | None:
+        """Why CA's calls are not answered now, or None."""
+        if not self.inventory.synced:
+            return "inventory not synced with OpenStack yet; try again shortly"
+        return self._standby()
+
     def answering(self) -> bool:
-        """Whether CA's reads are answered now (``check_ready`` passes)."""
-        return self.inventory.synced and self._standby() is None
+        """Whether CA's calls are answered now (``check_ready`` passes)."""
+        return self._not_answering() is None
 
     def check_ready(self) -> None:
-        if not self.inventory.synced:
-            raise NotReady("inventory not synced with OpenStack yet; try again shortly")
-        standby = self._standby()
-        if standby is not None:
-            raise NotReady(standby)
+        reason = self._not_answering()
+        if reason is not None:
+            raise NotReady(reason)
 
     def stop_accepting(self) -> None:
         """Shutting down: mutations are refused from now on (CA retries them elsewhere)."""
@@ -113,12 +117,6 @@ class Controller:
         per-group call of CA starts here (CA's own example wrapper does the same)."""
         self.check_ready()
         return NodeGroupView(self, require_group(self.cluster, group_id))
-
-    def group_spec(self, group_id: str) -> NodeGroupSpec:
-        """The configuration of the node group a call names, the inventory checked ready: the
-        same checks as ``group``, for the reads answered from the spec alone."""
-        self.check_ready()
-        return require_group(self.cluster, group_id)
 
     def group_to_change(self, group_id: str) -> NodeGroupView:
         """The same, for a call that changes the group: refused while shutting down."""

@@ -4,7 +4,8 @@ result into a response. Decisions live in the domain; errors are mapped in ``err
 The answers CA asks for most are kept serialised and sent as they are until what they say
 changes: NodeGroupNodes and NodeGroupTargetSize per group and inventory generation (which the
 domain bumps on every change CA could see of a group), NodeGroupForNode per group (it carries
-only configuration). A cached answer is an ``answers.Serialized``.
+only configuration). A cached answer is an ``answers.Serialized``. GetOptions' answer is kept
+by the gate, by its request bytes (``standing_answers``).
 """
 
 from __future__ import annotations
@@ -12,15 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import grpc
 from google.protobuf.any_pb2 import Any as AnyMessage
 
 from osas.domain.specs import NodeGroupSpec
 from osas.engine.controller import Controller, NodeGroupView
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.service import translate
-from osas.service.answers import Serialized, StandingAnswers, refuse
-from osas.service.errors import status_of
+from osas.service.answers import Serialized, StandingAnswers
+from osas.service.errors import answer_refused
 
 if TYPE_CHECKING:
     # The generated stubs' own alias for a sync-or-aio context; it exists only in the .pyi.
@@ -59,9 +59,6 @@ class CloudProviderServicer:
         self._for_node: dict[str, tuple[NodeGroupSpec, int, Serialized]] = {}
         self._nodes = _PerGeneration()
         self._targets = _PerGeneration()
-        # group id -> (the spec it was decided for, the status and details of its refusal to
-        # answer options, or None)
-        self._options: dict[str, tuple[NodeGroupSpec, tuple[grpc.StatusCode, str] | None]] = {}
 
     def standing_answers(self) -> dict[str, StandingAnswers]:
         """The methods whose answers stand for the same request bytes (``answers``):
@@ -174,22 +171,16 @@ class CloudProviderServicer:
     def NodeGroupGetOptions(
         self, request: pb.NodeGroupAutoscalingOptionsRequest, context: Context
     ) -> Serialized:
-        controller = self._controller
-        spec = controller.group_spec(request.id)
-        cached = self._options.get(spec.group_id)
-        if cached is None or cached[0] is not spec:
-            refusal = controller.group(request.id).options_refusal()
-            cached = (spec, None if refusal is None else (status_of(refusal), str(refusal)))
-            self._options[spec.group_id] = cached
-        refused = cached[1]
-        if refused is not None:
-            # UNIMPLEMENTED (keep your defaults) for a group without overrides: CA asks four
-            # times per node per loop, so the status is decided once per configuration and set
-            # without an exception.
-            return refuse(context, *refused)
-        options = controller.group(request.id).options(translate.options_from(request.defaults))
+        # Asked once per request bytes and configuration: the gate keeps the answer and gives
+        # it again (``standing_answers``), CA asking four times per node per loop.
+        group = self._controller.group(request.id)
+        refusal = group.options_refusal()
+        if refusal is not None:
+            # UNIMPLEMENTED (keep your defaults) for a group without overrides, set without an
+            # exception.
+            return answer_refused(context, refusal)
+        options = group.options(translate.options_from(request.defaults))
         response = pb.NodeGroupAutoscalingOptionsResponse(
             nodeGroupAutoscalingOptions=translate.options_message(options)
         )
-        # Serialised here: the gate keeps it for these request bytes (``standing_answers``).
         return Serialized(response.SerializeToString())
