@@ -20,6 +20,7 @@ from support import Provider, make_config
 
 from osas.demo.client import ClientTls, connect
 from osas.protocol import externalgrpc_pb2 as pb
+from osas.service.servicer import CloudProviderServicer
 from osas.sim.model import FakeNova
 
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
@@ -152,6 +153,36 @@ async def test_an_answer_kept_for_an_allowed_client_is_never_given_to_another(tm
                     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
         lines = [e for e in logs if e["event"] == "rpc" and e["code"] == "PERMISSION_DENIED"]
         assert len(lines) == 2
+    finally:
+        await provider.stop()
+
+
+@pytest.mark.parametrize(
+    "allowed", [[], ["dns:cluster-autoscaler.kube-system.svc"]], ids=["no allow list", "allowed"]
+)
+async def test_an_answer_is_kept_for_every_client_the_server_admits(
+    tmp_path, pki, monkeypatch, allowed
+):
+    """With mTLS, with or without an allow list, GetOptions is decided once per request bytes
+    and configuration and given again from the bytes (no allow list is the default: every
+    client the handshake lets in is admitted)."""
+    decided = []
+    decide = CloudProviderServicer.NodeGroupGetOptions
+
+    def counted(self, request, context):  # the real method, counted
+        decided.append(request.id)
+        return decide(self, request, context)
+
+    monkeypatch.setattr(CloudProviderServicer, "NodeGroupGetOptions", counted)
+    provider = await start(tmp_path, pki, allowed_clients=allowed)
+    defaults = pb.NodeGroupAutoscalingOptions(scaleDownUtilizationThreshold=0.5)
+    try:
+        async with connect(address(provider), pki.client()) as ca:
+            for _ in range(3):
+                with pytest.raises(grpc.aio.AioRpcError) as kept:
+                    await ca.options("workers", defaults)
+                assert kept.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert decided == ["workers"]
     finally:
         await provider.stop()
 

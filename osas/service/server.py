@@ -223,7 +223,9 @@ class ProviderServer:
         settings = self._settings
         options = server_options(settings.transport)
         server = grpc.aio.server(options=options)
-        allow = ClientAllowList(settings.tls.allowed_clients) if settings.tls else None
+        # No list (the default) admits every client the handshake lets in, at no cost a call.
+        tls = settings.tls
+        allow = ClientAllowList(tls.allowed_clients) if tls and tls.allowed_clients else None
         servicer = CloudProviderServicer(self._controller)
         server.add_generic_rpc_handlers((provider_handler(servicer, allow, self._gate),))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)

@@ -282,7 +282,8 @@ class ClientAllowList:
 
     def __init__(self, allowed: Iterable[str]) -> None:
         self._allowed = frozenset(allowed)
-        self._seen: dict[bytes, ClientIdentity] = {}
+        # a client certificate -> whether it is allowed, and whose it is
+        self._seen: dict[bytes, tuple[bool, ClientIdentity]] = {}
 
     def __bool__(self) -> bool:
         return bool(self._allowed)
@@ -290,13 +291,16 @@ class ClientAllowList:
     def admits(
         self, auth_context: Mapping[str, Iterable[bytes]]
     ) -> tuple[bool, ClientIdentity | None]:
+        if not self._allowed:
+            return True, None  # no list: whoever the handshake let in
         pem = next(iter(auth_context.get("x509_pem_cert") or ()), None)
         if pem is None:
             return False, None
-        identity = self._seen.get(pem)
-        if identity is None:
+        seen = self._seen.get(pem)
+        if seen is None:
             identity = client_identity(pem)
+            seen = bool(self._allowed.intersection(identity.names())), identity
             if len(self._seen) > 64:  # noqa: PLR2004 - a handful of clients at most
                 self._seen.clear()
-            self._seen[pem] = identity
-        return bool(self._allowed.intersection(identity.names())), identity
+            self._seen[pem] = seen
+        return seen
