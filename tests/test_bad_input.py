@@ -224,6 +224,27 @@ async def test_oversized_nodes_are_refused_everywhere(world):
     assert "longer than 63" in details
 
 
+async def test_a_node_that_passed_is_refused_when_its_description_goes_past_a_bound(world):
+    """NodeGroupForNode's check of a node is remembered by its description (CA asks for each
+    node on every loop): the same node with a label past Kubernetes' bound is refused each
+    time it comes, between answers for its valid description in either map order."""
+    stub = world.ca.stub
+    w0 = provider_id(world.workers[0])
+    labels = {"kubernetes.io/hostname": "n0", "kubernetes.io/os": "linux"}
+    valid = [
+        pb.ExternalGrpcNode(name="n0", providerID=w0, labels=dict(order))
+        for order in (labels.items(), reversed(labels.items()))
+    ]
+    hostile = pb.ExternalGrpcNode(name="n0", providerID=w0, labels={**labels, "k": "v" * 64})
+    for node in (*valid, hostile, *valid, hostile):
+        request = pb.NodeGroupForNodeRequest(node=node)
+        if node is hostile:
+            details = await refused(world, INVALID, stub.NodeGroupForNode(request))
+            assert "label values" in details
+        else:
+            assert (await stub.NodeGroupForNode(request)).nodeGroup.id == "workers"
+
+
 async def test_undecodable_requests_are_invalid_arguments(world):
     channel = world.ca.channel
     for method in ("NodeGroups", "NodeGroupDeleteNodes", "NodeGroupIncreaseSize"):

@@ -4,11 +4,14 @@ time."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from osas.domain.errors import (
     InvalidRequest,
@@ -49,6 +52,7 @@ from osas.domain.limits import (
     MAX_LABEL_VALUE_LENGTH,
     MAX_MAP_ENTRIES,
     MAX_NODE_ID_LENGTH,
+    CheckedNodes,
     NodeInfo,
     check_node,
 )
@@ -2459,3 +2463,63 @@ def test_a_node_at_each_bound_is_accepted_and_one_past_it_refused(at_bound, past
     check_node(at_bound)
     with pytest.raises(InvalidRequest, match=reason):
         check_node(past_bound)
+
+
+def _described(name: str, labels: dict[str, str]) -> NodeInfo:
+    """A node with the fingerprint its canonical description would give (map order aside)."""
+    pid = "openstack:///x"
+    fingerprint = hash((name, pid, frozenset(labels.items())))
+    return NodeInfo(name, pid, labels, {}, fingerprint)
+
+
+_DESCRIPTIONS = [
+    {"kubernetes.io/os": "linux"},
+    {"kubernetes.io/os": "linux", "zone": "a"},
+    {"kubernetes.io/os": "v" * (MAX_LABEL_VALUE_LENGTH + 1)},
+    {"k" * (MAX_KEY_LENGTH + 1): "linux"},
+]
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["n0", "n1", "n2"]), st.sampled_from(_DESCRIPTIONS)),
+        max_size=40,
+    ),
+    st.integers(min_value=1, max_value=4),
+)
+def test_a_remembered_check_refuses_exactly_what_the_check_refuses(calls, limit):
+    """Whatever nodes come in whatever order, and however few names are remembered, a node is
+    refused exactly when ``check_node`` refuses it."""
+    checked = CheckedNodes(limit=limit)
+    for name, labels in calls:
+        node = _described(name, labels)
+        try:
+            check_node(node)
+        except InvalidRequest as exc:
+            with pytest.raises(InvalidRequest, match=re.escape(str(exc))):
+                checked.check(node)
+        else:
+            checked.check(node)
+
+
+class _ReadCounted(dict[str, str]):
+    """Labels that count how often they are walked."""
+
+    walks = 0
+
+    def __iter__(self):
+        type(self).walks += 1
+        return super().__iter__()
+
+
+def test_a_description_that_passed_is_not_read_again_and_a_new_one_is():
+    checked = CheckedNodes()
+    labels = _ReadCounted({"kubernetes.io/os": "linux"})
+    node = _described("n0", labels)
+    checked.check(node)
+    walked = _ReadCounted.walks
+    assert walked > 0
+    checked.check(_described("n0", labels))
+    assert _ReadCounted.walks == walked  # the same description: not read again
+    checked.check(NodeInfo("n0", "openstack:///x", labels, {}))  # no fingerprint: read
+    assert _ReadCounted.walks > walked

@@ -51,6 +51,11 @@ class ProviderIdFormat:
     def format(self, server_id: str) -> str:
         return f"{self._prefix}{server_id}"
 
+    def suffix(self, provider_id: str) -> str:
+        """What follows this cluster's prefix in ``provider_id``, unchecked ("" without it)."""
+        prefix = self._prefix
+        return provider_id[len(prefix) :] if provider_id.startswith(prefix) else ""
+
     def parse(self, provider_id: str) -> str | None:
         """The server uuid in ``provider_id``, or None when it is not of this cluster's form."""
         if not provider_id.startswith(self._prefix):

@@ -151,6 +151,11 @@ class Inventory:
     def group_for_node(self, name: str, provider_id: str) -> str | None:
         """The node group of a Kubernetes node, None when it is not one of ours."""
         if provider_id:
+            # A listed server first, found by the id as written: a listed id is Nova's own
+            # uuid, so it needs no parsing (CA asks this once per node per loop).
+            listed = self.snapshot.get(self._ids.suffix(provider_id))
+            if listed is not None:
+                return listed.group_id
             placeholder = parse_placeholder_id(provider_id)
             if placeholder is not None:
                 group_id, request_id = placeholder
@@ -159,9 +164,6 @@ class Inventory:
             server_id = self._ids.parse(provider_id)
             if server_id is None:
                 return None
-            server = self.snapshot.get(server_id)
-            if server is not None:
-                return server.group_id
             pending = self.ledger.create_of_server(server_id)
             return pending.group_id if pending is not None else None
         named = self.snapshot.named(name) if name else []

@@ -20,7 +20,7 @@ from osas.domain.errors import NodeNotFound, NotReady, NotSupported, Preconditio
 from osas.domain.ids import ServerNode, parse_node
 from osas.domain.inventory import Instance, Inventory
 from osas.domain.ledger import DeleteOutcome, DeletePlan, Orders
-from osas.domain.limits import NodeInfo, check_node, check_nodes
+from osas.domain.limits import CheckedNodes, NodeInfo, check_nodes
 from osas.domain.options import AutoscalingOptions, group_options, options_refusal
 from osas.domain.pricing import node_price, pod_price
 from osas.domain.problems import is_fake_node, never_registered
@@ -66,6 +66,7 @@ class Controller:
         self._standby = standby
         self._metrics = metrics
         self._accepting = True
+        self._checked_nodes = CheckedNodes()
 
     @property
     def cluster(self) -> ClusterSpec:
@@ -166,7 +167,7 @@ class Controller:
         log_group_problems(changes, self._metrics)
 
     def _group_of(self, node: NodeInfo) -> NodeGroupSpec | None:
-        check_node(node)
+        self._checked_nodes.check(node)
         group_id = self.inventory.group_for_node(node.name, node.provider_id)
         return None if group_id is None else self.cluster.group(group_id)
 

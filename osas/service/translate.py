@@ -26,8 +26,10 @@ _LONGEST_DURATION = timedelta(days=3650)
 
 def node_info(node: pb.ExternalGrpcNode) -> NodeInfo:
     # The request's own maps, not copies: NodeGroupForNode comes once per node per loop, and
-    # copying a protobuf map goes through Python's Mapping machinery item by item.
-    return NodeInfo(node.name, node.providerID, node.labels, node.annotations)
+    # copying a protobuf map goes through Python's Mapping machinery item by item. The
+    # fingerprint is serialised in C with the maps sorted (``CheckedNodes``).
+    fingerprint = hash(node.SerializeToString(deterministic=True))
+    return NodeInfo(node.name, node.providerID, node.labels, node.annotations, fingerprint)
 
 
 def node_group(spec: NodeGroupSpec, max_size: int) -> pb.NodeGroup:
