@@ -52,6 +52,7 @@ _FAULTS = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
 # A read that succeeded, or answered UNIMPLEMENTED ("keep your defaults", four times per node
 # per loop): counted, never logged.
 _OK, _UNIMPLEMENTED = grpc.StatusCode.OK, grpc.StatusCode.UNIMPLEMENTED
+_perf_counter = time.perf_counter  # read twice a call: one global, not a global and its attribute
 
 if TYPE_CHECKING:
     # Generic only in the type stubs.
@@ -128,20 +129,16 @@ class RpcGate:
         bind_contextvars(request_id=request_id)
         return request_id
 
-    def _admitted(
-        self, raw: bytes, context: grpc.aio.ServicerContext[Any, Any], screen: Screen
-    ) -> Message | None:
-        """The decoded request, or None with the refusal's status set: over the concurrency
-        cap, or refused by the screen."""
-        if self.in_flight > self._max_concurrent:
-            refuse(
-                context,
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"more than {self._max_concurrent} calls at once (transport.max_concurrent_rpcs);"
-                " try again",
-            )
-            return None
-        return screen(raw, context)
+    def _over_cap(self, context: grpc.aio.ServicerContext[Any, Any]) -> Message | None:
+        """Refuse a call beyond the concurrency cap: its status set, no request (a screen's
+        refusal, in the screen's terms)."""
+        refuse(
+            context,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"more than {self._max_concurrent} calls at once (transport.max_concurrent_rpcs);"
+            " try again",
+        )
+        return None
 
     def _finished(
         self,
@@ -155,7 +152,7 @@ class RpcGate:
     ) -> None:
         """Count and time the call; write its access line when it has one (a refused read
         gets its request id here, so that its answer and its line share it)."""
-        seconds = time.perf_counter() - begun
+        seconds = _perf_counter() - begun
         method.metrics.finished(code, seconds)
         # By identity: a status code is an Enum, whose hash is a call of Python code.
         if method.logged or not (code is _OK or code is _UNIMPLEMENTED):
@@ -189,14 +186,19 @@ class RpcGate:
         answer_of, waits = _answering(name, behavior)
 
         async def gated(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            begun = time.perf_counter()
+            begun = _perf_counter()
             method.metrics.started += 1
             request_id = self._bind_request_id(context) if method.logged else None
-            code = grpc.StatusCode.OK
+            code = _OK
             request: Any = raw  # decoded when it passes the screen
             self.in_flight += 1
             try:
-                decoded = self._admitted(raw, context, screen)
+                # Over the cap, refused; else screened (None: refused, its status set).
+                decoded = (
+                    self._over_cap(context)
+                    if self.in_flight > self._max_concurrent
+                    else screen(raw, context)
+                )
                 if decoded is None:
                     answer = NO_MESSAGE  # refused, its status set
                 else:
@@ -238,13 +240,13 @@ class RpcGate:
             if self.in_flight < self._max_concurrent and admits(context):
                 kept = standing.get(raw)
                 if kept is not None:
-                    begun = time.perf_counter()
+                    begun = _perf_counter()
                     series.started += 1
                     code, details, answer = kept
                     if code is not _OK:
                         context.set_code(code)
                         context.set_details(details)
-                    series.finished(code, time.perf_counter() - begun)
+                    series.finished(code, _perf_counter() - begun)
                     return answer
             basis = standing.basis()  # before the answer is decided: a reload may follow it
             answer = await gated(raw, context)
