@@ -131,6 +131,19 @@ async def test_allow_list_admits_listed_identities_only(tmp_path, pki):
         await provider.stop()
 
 
+async def options_codes(provider: Provider, tls: ClientTls, times: int) -> list[grpc.StatusCode]:
+    """The status of each of ``times`` GetOptions for "workers" with CA's defaults (a group
+    without overrides), over one connection."""
+    defaults = pb.NodeGroupAutoscalingOptions(scaleDownUtilizationThreshold=0.5)
+    codes = []
+    async with connect(address(provider), tls) as client:
+        for _ in range(times):
+            with pytest.raises(grpc.aio.AioRpcError) as answered:
+                await client.options("workers", defaults)
+            codes.append(answered.value.code())
+    return codes
+
+
 async def test_an_answer_kept_for_an_allowed_client_is_never_given_to_another(tmp_path, pki):
     """GetOptions' answer is kept by its request bytes (CA asks it four times per node per
     loop); a client outside the allow list sending the same bytes is still refused
@@ -138,19 +151,13 @@ async def test_an_answer_kept_for_an_allowed_client_is_never_given_to_another(tm
     provider = await start(
         tmp_path, pki, allowed_clients=["dns:cluster-autoscaler.kube-system.svc"]
     )
-    defaults = pb.NodeGroupAutoscalingOptions(scaleDownUtilizationThreshold=0.5)
     try:
-        async with connect(address(provider), pki.client()) as ca:
-            for _ in range(2):
-                with pytest.raises(grpc.aio.AioRpcError) as kept:
-                    await ca.options("workers", defaults)
-                assert kept.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        kept = await options_codes(provider, pki.client(), 2)
+        assert kept == [grpc.StatusCode.UNIMPLEMENTED] * 2
         with structlog.testing.capture_logs() as logs:
-            async with connect(address(provider), pki.client(None, "intruder.example")) as other:
-                for _ in range(2):
-                    with pytest.raises(grpc.aio.AioRpcError) as refused:
-                        await other.options("workers", defaults)
-                    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            intruder = pki.client(None, "intruder.example")
+            refused = await options_codes(provider, intruder, 2)
+        assert refused == [grpc.StatusCode.PERMISSION_DENIED] * 2
         lines = [e for e in logs if e["event"] == "rpc" and e["code"] == "PERMISSION_DENIED"]
         assert len(lines) == 2
     finally:
@@ -175,13 +182,9 @@ async def test_an_answer_is_kept_for_every_client_the_server_admits(
 
     monkeypatch.setattr(CloudProviderServicer, "NodeGroupGetOptions", counted)
     provider = await start(tmp_path, pki, allowed_clients=allowed)
-    defaults = pb.NodeGroupAutoscalingOptions(scaleDownUtilizationThreshold=0.5)
     try:
-        async with connect(address(provider), pki.client()) as ca:
-            for _ in range(3):
-                with pytest.raises(grpc.aio.AioRpcError) as kept:
-                    await ca.options("workers", defaults)
-                assert kept.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        kept = await options_codes(provider, pki.client(), 3)
+        assert kept == [grpc.StatusCode.UNIMPLEMENTED] * 3
         assert decided == ["workers"]
     finally:
         await provider.stop()

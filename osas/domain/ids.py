@@ -58,9 +58,7 @@ class ProviderIdFormat:
 
     def parse(self, provider_id: str) -> str | None:
         """The server uuid in ``provider_id``, or None when it is not of this cluster's form."""
-        if not provider_id.startswith(self._prefix):
-            return None
-        server_id = provider_id.removeprefix(self._prefix)
+        server_id = self.suffix(provider_id)  # "" without the prefix: never a uuid
         return server_id if is_server_uuid(server_id) else None
 
 
