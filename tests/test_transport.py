@@ -176,6 +176,33 @@ async def test_reflection_lists_the_provider_service(tmp_path):
     assert "grpc.health.v1.Health" in names
 
 
+def _pending_per_registered_method() -> int:
+    """The tasks grpc.aio keeps pending, one per registered method of each running server."""
+    return sum("_request_registered_call" in repr(task) for task in asyncio.all_tasks())
+
+
+async def test_no_server_of_osas_waits_on_a_task_per_registered_method(tmp_path):
+    # Invariant: each of CA's calls costs grpc.aio's server loop one pending request, whatever
+    # else the port serves. grpc.aio keeps a task per registered method and waits on all of
+    # them again for every call it takes, so health and reflection are served as generic
+    # handlers; they still answer on both ports (the tests above and below).
+    control = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(health_pb2_grpc.HealthServicer(), control)
+    control.add_insecure_port("127.0.0.1:0")
+    await control.start()
+    try:
+        # The probe sees what it looks for: a bare server with health registered has some.
+        assert _pending_per_registered_method() > 0
+    finally:
+        await control.stop(None)
+    await eventually(lambda: _pending_per_registered_method() == 0, what="the control stopped")
+    async with running(make_config(tmp_path)) as provider:
+        async with grpc.aio.insecure_channel(provider.address) as channel:
+            check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+            assert (await check).status == SERVING
+        assert _pending_per_registered_method() == 0
+
+
 def _decode_target_size(raw, context):
     return pb.NodeGroupTargetSizeRequest.FromString(raw)
 
