@@ -167,6 +167,8 @@ async def serve_bare(path: Path) -> None:
     )
     port = server.add_secure_port("127.0.0.1:0", credentials)
     await server.start()
+    # As osas serve does once started: what exists now is kept out of the collector's passes.
+    gc.freeze()
     sys.stdout.write(json.dumps({"port": port, "pid": os.getpid()}) + "\n")
     sys.stdout.flush()
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
@@ -201,6 +203,7 @@ class OsasCode:
     python: str
     env: dict[str, str] | None = None
     cwd: str | None = None
+    prefix: tuple[str, ...] = ()  # a program osas runs under (valgrind)
 
     @classmethod
     def at(cls, path: Path | None, scratch: Path) -> OsasCode:
@@ -234,14 +237,17 @@ class OsasCode:
         return f"{package} ({commit or 'not a git checkout'})"
 
 
-async def start_osas_from(code: OsasCode, setup: Setup, name: str) -> Osas:
-    """``osas serve`` at its defaults (``osas_config``), from ``code``, once SERVING."""
-    config, port, health, _ = osas_config(setup)
+async def start_osas_from(
+    code: OsasCode, setup: Setup, name: str, reconcile: dict[str, Any] | None = None
+) -> Osas:
+    """``osas serve`` at its defaults (``osas_config``; the reconciler's settings given),
+    from ``code``, once SERVING."""
+    config, port, health, _ = osas_config(setup, reconcile=reconcile)
     log = setup.folder / f"{name}.log"
     spawned = time.perf_counter()
     with log.open("wb") as stream:
         process = subprocess.Popen(  # noqa: S603 - our own command
-            [code.python, "-m", "osas", "serve", "--config", str(config)],
+            [*code.prefix, code.python, "-m", "osas", "serve", "--config", str(config)],
             stdout=subprocess.DEVNULL,
             stderr=stream,
             env=code.env,

@@ -56,10 +56,11 @@ def rss_mib(pid: int) -> tuple[float, float]:
 
 
 @contextmanager
-def kit(module: str, *arguments: str) -> Iterator[dict[str, Any]]:
+def kit(module: str, *arguments: str, prefix: tuple[str, ...] = ()) -> Iterator[dict[str, Any]]:
     """One of the benchmark's processes: it prints one JSON line when ready (handed to the
-    caller) and stops when its standard input closes; its pipes are closed after it."""
-    command = [sys.executable, "-m", module, *arguments]
+    caller) and stops when its standard input closes; its pipes are closed after it. A
+    ``prefix`` runs it under another program (valgrind)."""
+    command = [*prefix, sys.executable, "-m", module, *arguments]
     process = subprocess.Popen(  # noqa: S603 - our own module, arguments we build
         command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
@@ -138,10 +139,11 @@ def osas_config(
     metrics: bool = False,
     election: dict[str, Any] | None = None,
     queue: dict[str, Any] | None = None,
+    reconcile: dict[str, Any] | None = None,
 ) -> tuple[Path, int, int, int]:
     """A configuration at osas's defaults but for the node groups (and the resync interval,
-    a metrics port, leader election and the queue's settings, when asked); the file, its gRPC,
-    health and metrics ports (0: none)."""
+    a metrics port, leader election, the queue's and the reconciler's settings, when asked);
+    the file, its gRPC, health and metrics ports (0: none)."""
     port, health, metrics_port = free_port(), free_port(), free_port() if metrics else 0
     auth = {
         "auth_url": setup.sim["auth_url"],
@@ -163,7 +165,8 @@ def osas_config(
         # there, so its creates need not wait after the start. Under a lease the wait after a
         # takeover is part of what is measured: left at its default.
         "reconcile": ({} if election else {"hold_after_start": False})
-        | ({"full_resync_interval": resync} if resync else {}),
+        | ({"full_resync_interval": resync} if resync else {})
+        | (reconcile or {}),
         "node_groups": [{"id": name, **group} for name in setup.groups],
     }
     if metrics_port:

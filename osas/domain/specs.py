@@ -114,12 +114,14 @@ class ClusterSpec:
     pricing: Pricing | None = None
     # How provider ids are spelt, from the region: built once, parsed on every call.
     provider_ids: ProviderIdFormat = field(init=False, repr=False, compare=False)
+    # The groups by id, the first of an id winning (ids are unique once validated): found on
+    # every NodeGroupForNode.
+    _by_id: Mapping[str, NodeGroupSpec] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "provider_ids", ProviderIdFormat(self.provider_id_region))
+        by_id = {spec.group_id: spec for spec in reversed(self.node_groups)}
+        object.__setattr__(self, "_by_id", by_id)
 
     def group(self, group_id: str) -> NodeGroupSpec | None:
-        for spec in self.node_groups:
-            if spec.group_id == group_id:
-                return spec
-        return None
+        return self._by_id.get(group_id)
