@@ -301,7 +301,7 @@ def caloop_section(runs: list[CaLoopRun]) -> list[str]:
             "before 2026-11-27 08:00 UTC had both servers on asyncio's, so the bare server's "
             "change over them is uvloop's with the machine's drift), its heap frozen once "
             "started as osas freezes its own (`gc.freeze()`; not in runs kept before "
-            "2026-11-27 16:00 UTC, 0.1-0.3% of its instructions a call). One loop as CA "
+            "2026-11-27 15:30 UTC, 0.1-0.3% of its instructions a call). One loop as CA "
             "1.36 makes it, serially: Refresh, NodeGroups, NodeGroupTargetSize per group, "
             "then per node a NodeGroupForNode (name, `openstack:///<uuid>`, kubelet's labels) "
             "and 4 NodeGroupGetOptions with CA's default options. Each server is started once "
