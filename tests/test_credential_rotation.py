@@ -14,8 +14,10 @@ import time
 from pathlib import Path
 
 import anyio
+import pytest
 import structlog
 import yaml
+from keystoneauth1 import exceptions as ks_exceptions
 from support import (
     Provider,
     big_config,
@@ -81,6 +83,37 @@ async def test_a_rotated_application_credential_is_used_without_a_restart(tmp_pa
             assert [e.status for e in issued if e.status == 201] == [201]
         finally:
             await provider.stop()
+
+
+def test_a_call_refused_on_the_replaced_connection_leaves_the_new_token_alone(
+    tmp_path, monkeypatch
+):
+    """Invariant: a renewal after a 401 renews the token of the connection that was refused,
+    never another's. A call in flight on the connection a rotation replaced is refused once
+    the old credential is deleted; renewing there must not throw away the new connection's
+    token, or the new credential authenticates twice (the race behind a rare failure of the
+    test above under load: its 201s were [201, 201])."""
+    with SimulatedOpenStack(FakeNova()) as sim:
+        _, clouds = start(sim, tmp_path, monkeypatch)
+        settings = OpenStackSettings(cloud=CLOUD_NAME, api_timeout=2.0)
+        cloud = OpenStackCloud(settings)
+        with cloud._connection() as old:
+            old.session.get_auth_headers()
+        rotate(sim, clouds)
+        assert cloud.reload_credentials() == [str(clouds)]
+        with cloud._connection() as new:
+            new.session.get_auth_headers()
+        assert new is not old
+        since = len(sim.history)
+        # The replaced connection's token is refused (its credential is gone): renewed there,
+        # with the old credential, which Keystone refuses in turn.
+        with pytest.raises(ks_exceptions.Unauthorized):
+            cloud._renew(old, cloud._auth_epoch)
+        with cloud._connection() as current:
+            assert current is new
+            current.session.get_auth_headers()
+        issued = [e for e in list(sim.history)[since:] if e.operation == TOKENS]
+        assert [e.status for e in issued] == [401]  # the old credential's; none for the new
 
 
 async def test_sighup_reads_the_credentials_at_once_and_says_what_it_reloaded(

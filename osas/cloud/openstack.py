@@ -567,7 +567,6 @@ class OpenStackCloud:
         self._auth_lock = threading.Lock()
         self._auth_epoch = 0
         self._renewed_at = -_KEYSTONE_RESOLUTION
-        self._invalidate_token: Callable[[], bool] | None = None
         # clouds.yaml and secure.yaml as openstacksdk found them, and their state when read.
         self._credential_files: tuple[str, ...] = ()
         self._credential_states: tuple[tuple[int, int, int] | None, ...] = ()
@@ -676,7 +675,6 @@ class OpenStackCloud:
             if changed:
                 # Calls in flight finish on the old connection; the next ones use the new.
                 self._shared = None
-                self._invalidate_token = None
                 logger.info(
                     "OpenStack credentials changed; authenticating with them", files=changed
                 )
@@ -717,9 +715,9 @@ class OpenStackCloud:
                     # away; osas renews once for all of them instead (``_authenticated``).
                     plugin = conn.session.auth
                     if plugin is not None:
-                        self._invalidate_token = plugin.invalidate
                         # An instance attribute over the plugin's method: the one way to keep
-                        # keystoneauth's session from invalidating on its own.
+                        # keystoneauth's session from invalidating on its own (``_renew``
+                        # calls the class's).
                         plugin.invalidate = _keep_token  # type: ignore[method-assign]
                     self._shared = conn
         yield conn
@@ -756,8 +754,11 @@ class OpenStackCloud:
             wait = self._renewed_at + _KEYSTONE_RESOLUTION - time.monotonic()
             if wait > 0:
                 time.sleep(wait)
-            if self._invalidate_token is not None:
-                self._invalidate_token()
+            # The refused connection's own token, never the one of a connection made since
+            # (a rotation's): its plugin's own method, under the instance attribute.
+            plugin = conn.session.auth
+            if plugin is not None:
+                type(plugin).invalidate(plugin)
             conn.session.get_auth_headers()  # authenticate now, under the lock
             self._renewed_at = time.monotonic()
             self._auth_epoch += 1
