@@ -43,9 +43,9 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -464,28 +464,60 @@ async def idle(servers: list[Server], seconds: float) -> list[Spent]:
     ]
 
 
-async def measure_size(plan: Plan, nodes: int, tls: Tls, folder: Path, code: OsasCode) -> SizeRow:
+class Servers(NamedTuple):
+    """osas and the bare server, started on one simulated cloud: CA's loop over its nodes,
+    osas's first answer to each of the loop's methods, and both servers (osas first)."""
+
+    loop: Loop
+    answers: dict[str, Answer]
+    servers: list[Server]
+
+
+@asynccontextmanager
+async def osas_and_bare(
+    nodes: int,
+    tls: Tls,
+    folder: Path,
+    code: OsasCode,
+    *,
+    reconcile: dict[str, Any] | None = None,
+    prefix: tuple[str, ...] = (),
+) -> AsyncIterator[Servers]:
+    """The simulated OpenStack with ``nodes`` servers over the six groups, ``osas serve``
+    against it (from ``code``, with ``reconcile``'s settings) and the bare server answering
+    osas's own answers, both under ``prefix`` (valgrind) when given; stopped after."""
     groups = [f"g{i}" for i in range(GROUPS)]
-    print(f"== {nodes:,} nodes in {len(groups)} groups", flush=True)  # noqa: T201
     async with AsyncExitStack() as stack:
         cloud = ("osas.bench.cloud", "--servers", str(nodes), "--groups", str(len(groups)))
-        sim = stack.enter_context(kit(*cloud))
-        setup = Setup(folder, tls, sim, groups)
-        loop = Loop(groups, cluster_nodes(sim))
-        row = SizeRow(nodes, len(groups), len(loop.calls))
-        osas = await start_osas_from(code, setup, f"caloop-osas-{nodes}")
+        setup = Setup(folder, tls, stack.enter_context(kit(*cloud)), groups)
+        loop = Loop(groups, cluster_nodes(setup.sim))
+        code = replace(code, prefix=prefix)
+        osas = await start_osas_from(code, setup, f"caloop-osas-{nodes}", reconcile)
         stack.callback(osas.stop)
         servers = [Server("osas", osas.port, osas.process.pid, tls)]
         stack.push_async_callback(servers[0].close)
         answers = await capture(servers[0], loop)
         bare = ("osas.bench.caloop", "--serve-bare", str(write_answers(folder, answers)))
-        ready = stack.enter_context(kit(*bare))
+        ready = stack.enter_context(kit(*bare, prefix=prefix))
         servers.append(Server("bare", ready["port"], ready["pid"], tls))
         stack.push_async_callback(servers[1].close)
-        await measure_servers(plan, row, loop, servers)
-    for server in servers:
-        server.summarise(row.side(server.name))
-    check(answers, {"osas": row.osas, "bare": row.bare})
+        yield Servers(loop, answers, servers)
+
+
+def summarise_and_check(started: Servers, sides: dict[str, Side]) -> None:
+    """Each server's answers into its side, then ``check``: every call answered as osas
+    answered it first."""
+    for server in started.servers:
+        server.summarise(sides[server.name])
+    check(started.answers, sides)
+
+
+async def measure_size(plan: Plan, nodes: int, tls: Tls, folder: Path, code: OsasCode) -> SizeRow:
+    print(f"== {nodes:,} nodes in {GROUPS} groups", flush=True)  # noqa: T201
+    async with osas_and_bare(nodes, tls, folder, code) as started:
+        row = SizeRow(nodes, GROUPS, len(started.loop.calls))
+        await measure_servers(plan, row, started.loop, started.servers)
+    summarise_and_check(started, {"osas": row.osas, "bare": row.bare})
     return row
 
 

@@ -34,23 +34,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 from osas.bench.caloop import (
-    GROUPS,
-    Loop,
     OsasCode,
     Server,
-    capture,
-    check,
-    cluster_nodes,
+    osas_and_bare,
     repeated,
-    start_osas_from,
-    write_answers,
+    summarise_and_check,
 )
-from osas.bench.processes import Setup, Tls, kit, machine
+from osas.bench.processes import Tls, machine
 from osas.bench.results import Side
 
 NODES = 1_000
@@ -150,27 +144,15 @@ async def count(
 ) -> dict[str, Stretch]:
     """Each stretch's instructions a call on osas and on the bare server."""
     prefix = callgrind(folder)
-    groups = [f"g{i}" for i in range(GROUPS)]
-    async with AsyncExitStack() as stack:
-        cloud = ("osas.bench.cloud", "--servers", str(nodes), "--groups", str(len(groups)))
-        setup = Setup(folder, tls, stack.enter_context(kit(*cloud)), groups)
-        loop = Loop(groups, cluster_nodes(setup.sim))
-        counted_code = dataclasses.replace(code, prefix=prefix)
-        osas = await start_osas_from(counted_code, setup, "counted-osas", QUIET_RECONCILER)
-        stack.callback(osas.stop)
-        servers = [Server("osas", osas.port, osas.process.pid, tls)]
-        stack.push_async_callback(servers[0].close)
-        answers = await capture(servers[0], loop)
-        bare = ("osas.bench.caloop", "--serve-bare", str(write_answers(folder, answers)))
-        ready = stack.enter_context(kit(*bare, prefix=prefix))
-        servers.append(Server("bare", ready["port"], ready["pid"], tls))
-        stack.push_async_callback(servers[1].close)
+    quiet = QUIET_RECONCILER
+    async with osas_and_bare(nodes, tls, folder, code, reconcile=quiet, prefix=prefix) as started:
+        loop = started.loop
         stretches = {
             "loop": loop.calls,
             "options": repeated(loop.options, calls),
             "for_node": repeated(loop.for_node, calls),
         }
-        counted = [Counted(server, folder) for server in servers]
+        counted = [Counted(server, folder) for server in started.servers]
         figures: dict[str, Stretch] = {}
         for name, asks in stretches.items():
             figure = figures[name] = Stretch(len(asks))
@@ -185,10 +167,7 @@ async def count(
                 f"({figure.ratio_all_threads:.3f}x)",
                 flush=True,
             )
-    sides = {server.name: Side() for server in servers}
-    for server in servers:
-        server.summarise(sides[server.name])
-    check(answers, sides)
+    summarise_and_check(started, {server.name: Side() for server in started.servers})
     return figures
 
 
