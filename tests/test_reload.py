@@ -28,8 +28,9 @@ from support import (
     write_config,
 )
 
+import osas.app
 from osas.config import load_config, restart_only_changes
-from osas.domain.servers import META_CLUSTER, META_GROUP, TAG_CLUSTER_PREFIX
+from osas.domain.servers import META_CLUSTER, META_GROUP, TAG_CLUSTER_PREFIX, Flavor
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.protocol import externalgrpc_pb2_grpc as pb_grpc
 from osas.sim.model import FakeNova
@@ -170,7 +171,9 @@ async def test_a_restart_only_change_is_reported_not_applied(tmp_path):
         await provider.stop()
 
 
-async def test_the_watcher_picks_a_change_up_by_itself(tmp_path):
+async def test_the_watcher_picks_a_change_up_by_itself(tmp_path, monkeypatch):
+    # It looks every 5 s; a tenth of a second here, so the test waits on the change alone.
+    monkeypatch.setattr(osas.app, "_CONFIG_POLL_SECONDS", 0.1)
     data = config_data()
     path = write_config(tmp_path, data)
     provider = Provider(load_config(path), FakeCloud(FakeNova()), config_path=path)
@@ -184,6 +187,53 @@ async def test_the_watcher_picks_a_change_up_by_itself(tmp_path):
             return spec is not None and spec.max_size == 2
 
         await eventually(reloaded, timeout=15, what="the change picked up")
+    finally:
+        await provider.stop()
+
+
+class HeldFlavorCloud(FakeCloud):
+    """FakeCloud whose fetches of the flavors named in ``held`` wait for ``release``."""
+
+    def __init__(self) -> None:
+        super().__init__(FakeNova())
+        self.held: set[str] = set()
+        self.waiting = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def get_flavor(self, name_or_id: str) -> Flavor | None:
+        if name_or_id in self.held:
+            self.waiting.set()
+            await self.release.wait()
+        return await super().get_flavor(name_or_id)
+
+
+async def test_a_flavor_fetched_for_the_spec_a_reload_replaced_never_lands(tmp_path):
+    """Invariant: a group's template is built from the flavor its spec in force names. A
+    complete listing fetches every group's flavor after it lists; a reload that changes the
+    flavor meanwhile fetches and applies its own, and the listing's fetch of the old flavor,
+    answered later, must not take its place (under load it did: the template went on naming
+    the old flavor until the next complete listing, 30 minutes by default)."""
+    data = config_data()
+    path = write_config(tmp_path, data)
+    cloud = HeldFlavorCloud()
+    provider = Provider(load_config(path), cloud, config_path=path)
+    await provider.start()
+    try:
+        cloud.held.add("m1.medium")
+        listing = asyncio.ensure_future(provider.sync(full=True))
+        await asyncio.wait_for(cloud.waiting.wait(), timeout=10)
+        data["node_groups"][0]["flavor"] = "m1.small"
+        write_config(tmp_path, data)
+        assert await provider.app.reload_once(force=True) == "applied"
+        cloud.release.set()
+        await listing
+        flavor = provider.app.inventory.snapshot.flavor("workers")
+        assert flavor is not None
+        assert flavor.name == "m1.small"
+        async with ca_client(provider.address) as ca:
+            node = bytes((await ca.template("workers")).nodeBytes)
+        assert b"m1.small" in node
+        assert b"m1.medium" not in node
     finally:
         await provider.stop()
 

@@ -455,6 +455,10 @@ class Reconciler:
         cluster = self._inventory.cluster
         specs = [s for s in cluster.node_groups if group_ids is None or s.group_id in group_ids]
         for spec, flavor in await self.flavors_of(specs):
+            current = self._inventory.cluster.group(spec.group_id)
+            if current is None or current.flavor != spec.flavor:
+                # Reloaded while fetching: the reload fetched its own flavor, or wants it.
+                continue
             self._inventory.snapshot.set_flavor(spec.group_id, flavor)
             self._flavors_wanted.discard(spec.group_id)
 
