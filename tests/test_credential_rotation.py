@@ -116,6 +116,67 @@ def test_a_call_refused_on_the_replaced_connection_leaves_the_new_token_alone(
         assert [e.status for e in issued] == [401]  # the old credential's; none for the new
 
 
+async def test_a_call_refused_after_another_made_the_new_connection_goes_on_with_it(
+    tmp_path, monkeypatch
+):
+    """Invariant: a call refused on a connection that a rotation replaced is sent again on the
+    new connection, whichever call noticed the rotation. Here another call noticed it and made
+    the new connection while this one was on the old: its renewal with the old credential is
+    refused, the files say nothing changed since the new connection read them, and the call
+    failed as refused credentials (a fault schedule on a busy machine)."""
+    with SimulatedOpenStack(FakeNova()) as sim:
+        _, clouds = start(sim, tmp_path, monkeypatch)
+        cloud = OpenStackCloud(OpenStackSettings(cloud=CLOUD_NAME, api_timeout=2.0))
+        with cloud._connection() as old:
+            old.session.get_auth_headers()
+        used = []
+
+        def flavors(conn) -> list[str]:
+            used.append(conn)
+            if len(used) == 1:
+                # Meanwhile, another call: the rotation noticed, the new connection made.
+                rotate(sim, clouds)
+                assert cloud.reload_credentials() == [str(clouds)]
+                with cloud._connection() as new:
+                    new.session.get_auth_headers()
+            return [flavor.name for flavor in conn.compute.flavors()]
+
+        assert "m1.small" in await cloud._once(flavors, rated=False)
+        assert used[0] is old
+        assert used[-1] is not old
+        await cloud.close()
+
+
+def test_a_file_replaced_while_a_connection_is_made_reads_as_changed(tmp_path, monkeypatch):
+    """Invariant: a connection never takes a file's newer state for the one it read. The file
+    replaced after openstacksdk read it and before osas looked at it: the connection holds the
+    old credential, and when that one is deleted, nothing said the file had changed since, so
+    every call was refused until the next change of the file."""
+    with SimulatedOpenStack(FakeNova()) as sim:
+        _, clouds = start(sim, tmp_path, monkeypatch)
+        cloud = OpenStackCloud(OpenStackSettings(cloud=CLOUD_NAME, api_timeout=2.0))
+        with cloud._connection():
+            pass  # the first connection: the files are known from here on
+        assert cloud.reload_credentials() == []
+        write_clouds_yaml(sim, clouds)  # the same credential, a new file: made again
+        made = cloud._new_connection
+
+        def made_as_the_file_is_replaced():
+            conn = made()
+            rotate(sim, clouds)
+            return conn
+
+        monkeypatch.setattr(cloud, "_new_connection", made_as_the_file_is_replaced)
+        assert cloud.reload_credentials() == [str(clouds)]
+        with cloud._connection() as old:
+            assert old.auth["application_credential_id"] == APP_CREDENTIAL_ID
+        monkeypatch.setattr(cloud, "_new_connection", made)
+        assert cloud.reload_credentials() == [str(clouds)]
+        with cloud._connection() as new:
+            assert new.auth["application_credential_id"] == NEW_ID
+            assert [flavor.name for flavor in new.compute.flavors()]
+
+
 async def test_sighup_reads_the_credentials_at_once_and_says_what_it_reloaded(
     tmp_path, monkeypatch
 ):

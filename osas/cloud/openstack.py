@@ -680,12 +680,13 @@ class OpenStackCloud:
                 )
         return changed
 
-    def _credentials_renewed(self) -> bool:
-        """After a refusal: whether the files the credentials come from changed (and so the
-        connection was made again)."""
-        return bool(self._credential_files) and bool(
+    def _replaced(self, refused: openstack.connection.Connection) -> bool:
+        """After a refusal on ``refused``: whether the connection to use now is another one,
+        made (or to be made) from credential files that changed: noticed now, or by another
+        call since ``refused`` was taken."""
+        if self._credential_files:
             self._drop_connection_if_credentials_changed(now=True)
-        )
+        return self._shared is not refused
 
     def reload_credentials(self) -> list[str]:
         return self._drop_connection_if_credentials_changed(now=True)
@@ -702,8 +703,13 @@ class OpenStackCloud:
             with self._shared_lock:
                 conn = self._shared
                 if conn is None:
+                    # The files' states before they are read: a file replaced while the
+                    # connection is made reads as changed at the next look.
+                    before = _file_states(self._credential_files)
                     conn = self._new_connection()
-                    self._credential_states = _file_states(self._credential_files)
+                    after = _file_states(self._credential_files)
+                    # The first connection finds the files as it reads them.
+                    self._credential_states = before if len(before) == len(after) else after
                     # requests keeps 10 connections per host; every thread may hold one.
                     adapter = ks_session.TCPKeepAliveAdapter(
                         pool_maxsize=2 * self._settings.concurrency + 2
@@ -780,14 +786,15 @@ class OpenStackCloud:
 
         def run() -> T:
             try:
-                try:
-                    with self._connection() as conn:
+                with self._connection() as conn:
+                    try:
                         return self._authenticated(conn, operation)
-                except Exception as exc:
-                    # Refused even with a fresh token: a rotated credential whose file changed
-                    # since is tried at once (a 401 did nothing, so even a create may be).
-                    if not _unauthorized(exc) or not self._credentials_renewed():
-                        raise
+                    except Exception as exc:
+                        # Refused even with a fresh token: a rotated credential whose file
+                        # changed since is tried at once (a 401 did nothing, so even a create
+                        # may be).
+                        if not _unauthorized(exc) or not self._replaced(conn):
+                            raise
                 with self._connection() as conn:
                     return self._authenticated(conn, operation)
             except Exception as exc:
