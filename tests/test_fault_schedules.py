@@ -369,7 +369,11 @@ class FaultSchedule(RuleBasedStateMachine):
         nothing while this one holds the Lease, even when CA's calls reach it."""
         env = {**os.environ, "POD_NAME": "second-osas"}
         with ServedOsas(self.path, env) as second:
-            second.wait_for("another osas holds the lease; standing by", timeout=60)
+            # Waited for on a thread, with this osas's event loop running meanwhile, as its
+            # process's loop would: frozen for the second one's start, on a busy machine it
+            # missed its renew_deadline and rightly stopped.
+            standing_by = "another osas holds the lease; standing by"
+            self.loop.run(asyncio.to_thread(second.wait_for, standing_by, 60))
 
             async def reach_it() -> None:
                 async with connect(second.address, None) as wrong:
@@ -379,7 +383,7 @@ class FaultSchedule(RuleBasedStateMachine):
 
             self.loop.run(reach_it())
             self.scale_up(1)  # the holder goes on meanwhile
-            assert second.stop() == 0
+            assert self.loop.run(asyncio.to_thread(second.stop)) == 0
             assert second.seen("became the leader") == []
             refusals = [e for e in second.seen("rpc") if e.get("code") != "UNAVAILABLE"]
             assert refusals == []
