@@ -8,7 +8,10 @@ import re
 import shutil
 import subprocess
 import sys
+import time
+from collections import Counter
 from pathlib import Path
+from xml.etree import ElementTree as ET
 
 import nox
 
@@ -16,6 +19,17 @@ nox.options.default_venv_backend = "venv"
 nox.options.sessions = ["lint", "typecheck", "proto", "tests"]
 nox.options.error_on_missing_interpreters = True
 
+# The main suite's workers (pytest-xdist): its tests wait on processes, sockets and clocks
+# about half the time, so twice the cores keeps the cores busy (docs/testing.md: the figures).
+TEST_WORKERS = 2 * (os.cpu_count() or 1)
+# What `nox -s tests` leaves to the other lanes; `.ci/run` runs each of them after it.
+OTHER_LANES = {
+    "nova": "the scenarios and smoke tests against real Nova and Keystone",
+    "readme": "the README's commands verbatim and every CLI refusal, in a fresh copy",
+    "chart": "the Helm chart and deploy/, rendered and validated",
+    "image": "the image built and run as the chart's pod",
+    "lint typecheck proto": "ruff and the layer contracts, mypy --strict, the generated stubs",
+}
 # Pinned with the committed stubs: a different protoc writes different bytes.
 PROTO_TOOLS = ("grpcio-tools==1.85.1", "mypy-protobuf==5.1.0")
 # The real-Nova lane: nova 34.0.0 and everything its functional-test fixtures need, and
@@ -37,9 +51,25 @@ STANDINS = {
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The test suite (unit, gRPC on loopback, CLI)."""
+    """The test suite (unit, gRPC on loopback, CLI), on parallel workers; at its end, how long
+    it took and what it left out. ``nox -s tests -- -n 0`` runs it in one process."""
+    begun = time.monotonic()
     session.install("-e", ".[test]")
-    session.run("pytest", *session.posargs)
+    installed = time.monotonic()
+    report = Path(session.create_tmp()) / "tests.xml"
+    report.unlink(missing_ok=True)
+    try:
+        session.run(
+            "pytest",
+            *("-n", str(TEST_WORKERS), "--dist", "load", "--maxschedchunk", "1"),
+            f"--junitxml={report}",
+            *session.posargs,
+        )
+    finally:
+        asked = any(arg.startswith(("-n", "--numprocesses")) for arg in session.posargs)
+        workers = "on the workers asked for" if asked else f"on {TEST_WORKERS} workers"
+        for line in _what_ran(report, installed - begun, time.monotonic() - installed, workers):
+            session.log(line)
 
 
 @nox.session
@@ -149,6 +179,45 @@ def lock(session: nox.Session) -> None:
         "-o",
         "requirements/build.lock",
     )
+
+
+def _minutes(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s" if minutes else f"{rest} s"
+
+
+def _skip_reason(skipped: ET.Element) -> str:
+    """Why pytest skipped a test, as its report says; a module skipped whole says it in the
+    element's text ("('path', line, 'Skipped: why')")."""
+    message = skipped.get("message", "")
+    found = re.search(r"Skipped: (.*)'\)$", skipped.text or "")
+    return found.group(1) if message == "collection skipped" and found else message
+
+
+def _what_ran(report: Path, install: float, run: float, workers: str) -> list[str]:
+    """The lines `nox -s tests` ends with: its time and counts, what it skipped and why, and
+    the lanes it leaves to others, read from pytest's JUnit XML report."""
+    took = (
+        f"{_minutes(install + run)} (install {_minutes(install)}, pytest {_minutes(run)} {workers})"
+    )
+    if not report.is_file():
+        return [f"tests took {took}; pytest wrote no report: see its output above"]
+    cases = list(ET.parse(report).getroot().iter("testcase"))  # noqa: S314 - our own file
+    ends = {"skipped", "failure", "error"}
+    outcomes = Counter(
+        next((child.tag for child in case if child.tag in ends), "passed") for case in cases
+    )
+    counted = ", ".join(f"{count} {outcome}" for outcome, count in sorted(outcomes.items()))
+    reasons = Counter(
+        _skip_reason(child) for case in cases for child in case if child.tag == "skipped"
+    )
+    return [
+        f"tests: {counted} in {took}",
+        f"left out here ({outcomes['skipped']} skipped), and why:",
+        *(f"  {count:>3}  {reason}" for reason, count in reasons.most_common()),
+        "left to the other lanes, which .ci/run runs after this one:",
+        *(f"  nox -s {lane}: {what}" for lane, what in OTHER_LANES.items()),
+    ]
 
 
 def _quiet(*command: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:

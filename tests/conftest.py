@@ -20,6 +20,14 @@ from osas.sim.model import FakeNova
 sys.path.insert(0, str(Path(__file__).parent))
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked ``long`` first, each group in its own order. Parallel workers
+    (``nox -s tests`` runs pytest-xdist, handing out one test at a time) then start the long
+    ones while the short ones fill the gaps, and no worker is left running a long test at the
+    end while the others wait."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 @pytest.fixture
 def logs_at_debug():
     """osas's own logging, JSON at debug (what could leak a secret would show), undone after."""

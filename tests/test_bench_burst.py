@@ -3,6 +3,8 @@ processes (``osas sim``, ``osas serve``) as ``osas bench`` runs them, and its re
 
 from __future__ import annotations
 
+import pytest
+
 from osas.bench.burst import measure_burst
 from osas.bench.processes import Tls
 from osas.bench.report import BURST_BEGIN, BURST_END, replace_burst_section
@@ -11,6 +13,7 @@ from osas.bench.results import BurstResult
 MACHINE = {"date": "2026-01-01 00:00 UTC"}
 
 
+@pytest.mark.long
 async def test_a_small_burst_completes_at_the_clouds_pace_with_nothing_reported_failed(
     tmp_path,
 ):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import pytest
+
 from osas.bench.caloop import Plan, measure_caloop
 from osas.bench.processes import Tls
 from osas.bench.report import (
@@ -41,6 +43,7 @@ MACHINE = {
 }
 
 
+@pytest.mark.long
 async def test_a_small_loop_is_answered_alike_by_osas_and_the_bare_server(tmp_path):
     """50 nodes, one round: every NodeGroupForNode names the node's own group (the bare server,
     osas's bytes for one of them), every GetOptions is UNIMPLEMENTED with osas's details from
@@ -136,6 +139,7 @@ def test_round_by_round_takes_the_median_of_the_pairs_not_the_ratio_of_the_means
     assert "- noisy, 1,000 nodes: 1.10, 1.20, 3.00; median **1.20x**" in report.read_text()
 
 
+@pytest.mark.long
 def test_osas_bench_measures_the_ca_loop_as_its_latest_run_beside_the_runs_kept_before(
     tmp_path, capsys
 ):

@@ -15,6 +15,7 @@ pytestmark = [
 ]
 
 
+@pytest.mark.long
 async def test_each_stretch_is_counted_on_both_servers_and_answered_alike(tmp_path):
     """20 nodes: every stretch counted on each server, for its own calls only (a gRPC call
     is tens of thousands of instructions at the least, never millions), and both servers

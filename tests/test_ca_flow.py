@@ -107,6 +107,7 @@ async def test_ca_loop_scale_up_and_down(transport):
             assert len(nova.live_servers()) == 3
 
 
+@pytest.mark.long
 async def test_decrease_target_cancels_only_unfulfilled_creates(tmp_path):
     config = make_config(tmp_path, queue={"capacity": 50, "workers": 1})
     nova = FakeNova()

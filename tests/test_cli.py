@@ -83,6 +83,7 @@ def test_serve_refuses_a_bad_config_without_starting(tmp_path):
     assert "grpc listening" not in result.stderr
 
 
+@pytest.mark.long
 def test_demo_runs_to_completion():
     result = subprocess.run(
         [sys.executable, "-m", "osas", "demo"],
@@ -132,6 +133,7 @@ def test_check_config_finds_a_missing_flavor_and_network(tmp_path):
     assert "2 problem(s)" in result.stdout
 
 
+@pytest.mark.long
 def test_check_config_waits_for_a_cloud_that_is_still_starting(tmp_path):
     """Started before the cloud's clouds.yaml exists: without --wait it fails at once (exit 3);
     with --wait it keeps trying and passes once the cloud is there."""

@@ -15,6 +15,7 @@ import urllib.request
 from datetime import timedelta
 
 import grpc
+import pytest
 import structlog
 from support import (
     BIG,
@@ -352,6 +353,7 @@ async def test_tokens_revoked_with_creates_in_flight_cost_one_authentication_and
     assert not [e for e in logs if e["event"].startswith("OpenStack refuses osas's credentials")]
 
 
+@pytest.mark.long
 async def test_tokens_refused_soon_after_issue_fail_no_create(tmp_path):
     """Tokens refused 3 s after issue while keystoneauth still thinks them valid (a revocation
     seen through keystonemiddleware's cache): every call that meets one authenticates again
@@ -423,6 +425,7 @@ def probe(port: int, path: str) -> int:
         return int(answer.status)
 
 
+@pytest.mark.long
 async def test_idle_slow_and_busy_metrics_clients_never_fail_healthz_or_hold_ca_up(tmp_path):
     """200 idle connections and 64 that send half a request line, then 50 clients polling
     /status and /metrics: every /healthz probe is answered within a second (before, the

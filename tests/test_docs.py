@@ -6,6 +6,7 @@ import ast
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -134,18 +135,26 @@ def test_the_docs_name_the_distribution_pyproject_builds_and_the_image_installs(
 
 
 def noxfile_functions(*names: str) -> dict[str, Any]:
-    """Functions of noxfile.py as nox runs them: with the module's imports, but for nox itself
-    (the test suite's venv has none; these functions do not use it)."""
+    """Functions (and constants) of noxfile.py as nox runs them: with the module's imports, but
+    for nox itself (the test suite's venv has none; these functions do not use it)."""
     tree = ast.parse((ROOT / "noxfile.py").read_text())
+
+    def named(node: ast.stmt) -> str | None:
+        if isinstance(node, ast.FunctionDef):
+            return node.name
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            return node.targets[0].id
+        return None
+
     body = [
         node
         for node in tree.body
         if (
             isinstance(node, ast.Import | ast.ImportFrom) and "nox" not in ast.unparse(node).split()
         )
-        or (isinstance(node, ast.FunctionDef) and node.name in names)
+        or named(node) in names
     ]
-    assert {node.name for node in body if isinstance(node, ast.FunctionDef)} == set(names)
+    assert {named(node) for node in body} - {None} == set(names)
     namespace: dict[str, Any] = {}
     exec(compile(ast.Module(body, type_ignores=[]), "noxfile.py", "exec"), namespace)  # noqa: S102
     return namespace
@@ -270,3 +279,57 @@ def test_every_group_of_a_shipped_configuration_carries_the_label_its_nodes_regi
         assert groups, where
         for group in groups:
             assert group.get("labels", {}).get(label) == group["id"], (where, group["id"])
+
+
+# -- the README's test command: what it says at its end, and the lanes it leaves ------------------
+
+
+def test_the_test_session_ends_with_its_time_what_it_skipped_and_why_and_the_other_lanes(
+    tmp_path,
+):
+    """The lines `nox -s tests` ends with, from a JUnit report pytest itself writes."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_some.py").write_text(
+        "import pytest\n"
+        "def test_passes(): pass\n"
+        "@pytest.mark.skip(reason='needs the moon')\n"
+        "def test_skipped(): pass\n"
+    )
+    (suite / "test_none.py").write_text(
+        "import pytest\npytest.skip('run by its own lane', allow_module_level=True)\n"
+    )
+    report = tmp_path / "report.xml"
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}"],
+        cwd=suite,
+        capture_output=True,
+        check=True,
+    )
+    nox = noxfile_functions("_minutes", "_skip_reason", "_what_ran", "TEST_WORKERS", "OTHER_LANES")
+    lines = nox["_what_ran"](report, 20.4, 170.6, "on 4 workers")
+    assert (
+        lines[0]
+        == "tests: 1 passed, 2 skipped in 3 min 11 s (install 20 s, pytest 2 min 51 s on 4 workers)"
+    )
+    assert lines[1] == "left out here (2 skipped), and why:"
+    assert sorted(lines[2:4]) == ["    1  needs the moon", "    1  run by its own lane"]
+    assert lines[4] == "left to the other lanes, which .ci/run runs after this one:"
+    assert lines[5:] == [f"  nox -s {lane}: {what}" for lane, what in nox["OTHER_LANES"].items()]
+    assert nox["_what_ran"](tmp_path / "none.xml", 1, 2, "")[0].endswith(
+        "pytest wrote no report: see its output above"
+    )
+
+
+def test_ci_runs_the_readme_test_command_then_every_lane_the_suite_leaves_and_docs_list_them():
+    ci = (ROOT / ".ci" / "run").read_text()
+    readme = (ROOT / "README.md").read_text()
+    (command,) = re.findall(r"^(python3 .*nox -s tests)\s", readme, flags=re.MULTILINE)
+    assert f"\n{command}\n" in ci
+    after = ci[ci.index(command) + len(command) :]
+    run = [" ".join(m.split()) for m in re.findall(r"nox -s ([\w ]+)$", after, re.MULTILINE)]
+    lanes = noxfile_functions("OTHER_LANES")["OTHER_LANES"]
+    assert sorted(run) == sorted(lanes)
+    table = (ROOT / "docs" / "testing.md").read_text()
+    for lane in [*lanes, "tests"]:
+        assert f"`nox -s {lane}`" in table, lane

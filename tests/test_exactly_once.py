@@ -134,6 +134,7 @@ async def test_keystoneauth_never_resends_a_create(tmp_path, monkeypatch, fault)
             await provider.stop()
 
 
+@pytest.mark.long
 async def test_a_create_given_up_in_doubt_never_comes_back(tmp_path):
     """A create outlives its doubt window: it is reported failed (class 99, its own code), CA
     cleans it up and asks again; when the first server finally appears it is deleted as an
@@ -337,6 +338,7 @@ def serve_config(tmp_path: Path, sim: SimulatedOpenStack, grace: float) -> Path:
     return write_config(tmp_path, data)
 
 
+@pytest.mark.long
 def test_sigterm_sends_every_accepted_delete_and_exits_within_its_grace(tmp_path):
     """40 creates and 40 deletes queued, Nova slow, creates stuck in Nova for a minute: on
     SIGTERM every accepted delete reaches Nova, unsent creates are dropped with one warning

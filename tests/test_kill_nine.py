@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from support import (
     CLUSTER,
     TAG,
@@ -110,6 +111,7 @@ async def test_a_delete_answered_ok_is_carried_out_even_if_osas_is_killed_at_onc
             assert again.stop() == 0
 
 
+@pytest.mark.long
 async def test_creates_in_novas_api_during_a_kill_never_take_a_group_beyond_max(tmp_path):
     """Problem 5: five create POSTs held in Nova's API, SIGKILL, restart: the new process
     listed before Nova stored them, accepted CA's re-ask of 5, and the group ended above

@@ -201,6 +201,7 @@ async def test_tls_to_the_plaintext_health_port_fails(tmp_path, pki):
         await provider.stop()
 
 
+@pytest.mark.long
 async def test_rotation_new_connections_use_new_files_old_ones_live_to_their_age(tmp_path, pki):
     transport = {"max_connection_age": "2s", "max_connection_age_grace": "1s"}
     provider = await start(tmp_path, pki, transport=transport)

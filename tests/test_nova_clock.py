@@ -110,6 +110,7 @@ async def test_every_change_reaches_ca_within_one_incremental_sync_whatever_the_
     assert abs(status["syncs"]["nova_clock_offset_seconds"] - offset) <= 2
 
 
+@pytest.mark.long
 async def test_a_create_whose_answer_was_lost_is_kept_whatever_the_skew(tmp_path):
     """Problem 2 of issue 20: with Nova 180 s behind, a server made by a create whose answer
     was lost never appeared in a listing, was reported CreateOutcomeUnknown after the doubt

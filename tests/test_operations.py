@@ -463,6 +463,7 @@ async def test_servers_needing_a_person_show_in_metrics_and_status_and_are_left_
             await provider.stop()
 
 
+@pytest.mark.long
 async def test_stuck_builds_and_deletes_show_in_metrics_until_they_finish(tmp_path):
     fast = {
         "interval": "0.2s",

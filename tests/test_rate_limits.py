@@ -67,6 +67,7 @@ async def test_a_burst_against_a_rate_limited_nova_completes_with_no_failure(tmp
         assert set(made.values()) == {1}  # a refused create was never made
 
 
+@pytest.mark.long
 async def test_with_osas_paced_at_the_clouds_rate_nothing_is_refused(tmp_path):
     """Problem 1: with `openstack.rate_limit` matching the cloud's, 6 of 201 creates still
     failed: the limiter let a second's worth through at once. osas spaces its requests."""

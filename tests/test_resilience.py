@@ -39,6 +39,7 @@ from osas.sim.model import FakeNova
 TAG = f"{TAG_CLUSTER_PREFIX}{CLUSTER}"
 
 
+@pytest.mark.long
 async def test_fifty_node_scale_up_and_down_under_faults(tmp_path):
     with SimulatedOpenStack(FakeNova(build_seconds=0.2)) as sim:
         sim.nova.faults.error_rate = 0.3
@@ -156,6 +157,7 @@ async def idle_minutes(sim: SimulatedOpenStack, tmp_path, minutes: int) -> Count
     return Counter(sim.calls)
 
 
+@pytest.mark.long
 async def test_idle_nova_traffic_does_not_grow_with_the_cluster(tmp_path):
     calls = {}
     for size in (1_000, 20_000):

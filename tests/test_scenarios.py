@@ -585,6 +585,7 @@ async def test_tokens_revoked_with_creates_in_flight_fail_no_create(clean, tmp_p
 TOKEN_LIFETIME = 3  # seconds
 
 
+@pytest.mark.long
 async def test_tokens_expiring_every_few_seconds_fail_nothing(clean, tmp_path):
     """Keystone's tokens live 3 s: osas keeps working across several expiries, a scale-up and
     a scale-down spanning more than the lifetime. keystoneauth renews a token close to its

@@ -385,6 +385,7 @@ def test_invalid_creates_are_400(sim, conn, extra, message):
     assert sim.nova.live_servers() == []
 
 
+@pytest.mark.long
 def test_paginated_tag_listing_returns_every_server_once(sim, conn):
     for index in range(2500):
         sim.nova.seed(name=f"prod-workers-{index}", tags=[TAG])

@@ -393,6 +393,7 @@ def test_check_config_says_what_a_closed_port_means_in_one_line(sim, tmp_path):
     assert outcome.stderr == ""  # keystoneauth's warnings are said by osas's line
 
 
+@pytest.mark.long
 def test_check_config_answers_soon_when_keystone_accepts_and_never_answers(sim, tmp_path):
     """The kernel completes the handshakes of a listening socket nobody reads: the requests
     go out and no answer ever comes. check-config's requests wait CHECK_REQUEST_TIMEOUT each

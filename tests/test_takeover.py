@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import grpc
+import pytest
 from support import (
     CLUSTER,
     NovaWatch,
@@ -130,6 +131,7 @@ async def ca_through_the_service(kube: KubeStandIn, sim: SimulatedOpenStack, wan
     raise AssertionError(f"not converged: Nova has {len(live(sim))}")
 
 
+@pytest.mark.long
 async def test_a_second_osas_stands_by_and_writes_nothing(tmp_path):
     """Problem 6: a second osas against the same project and cluster went SERVING and, with
     CA's connection moved to it while the first had 4 creates in flight, accepted +4: 10
@@ -173,6 +175,7 @@ async def test_a_second_osas_stands_by_and_writes_nothing(tmp_path):
     assert not watch.twice
 
 
+@pytest.mark.long
 async def test_the_standby_finishes_a_scale_up_of_ten_after_the_holder_is_killed(tmp_path):
     """The holder SIGKILLed with a scale-up of 10 half sent: the standby takes the lease once
     it has stood for its duration, publishes itself behind CA's Service, holds its headroom
@@ -236,6 +239,7 @@ async def test_a_clean_shutdown_hands_the_lease_over_at_once_with_nothing_held(t
     assert handed_over < LEASE_DURATION
 
 
+@pytest.mark.long
 async def test_a_holder_cut_off_from_the_api_stops_writing_before_the_lease_can_pass(tmp_path):
     """The holder partitioned from the Kubernetes API (not from Nova): it stops writing once
     its renew deadline passes, before the lease could pass to another, and exits (8) to come
