@@ -2,16 +2,18 @@
 
 Start: gRPC up and NOT_SERVING (RPCs answer UNAVAILABLE) -> first full sync -> reconciler
 (the inventory is kept warm from now on, leader or not) and ready (kubelet's readiness) ->
-the leader lease (at once when election is off) -> headroom held while an earlier osas's
-creates may still reach Nova -> workers -> SERVING. A standby is ready (its pod counts for
-rollouts and disruption budgets) but no endpoint of CA's Service (the leader publishes
-itself as that), its provider service NOT_SERVING, and it answers every RPC UNAVAILABLE. A
-leader that loses the lease has stopped writing already (fencing by time) and stops
-(``LeaseLost``). Stop, all within ``shutdown_grace``: mutations refused and health
-NOT_SERVING at once, queued creates dropped with one warning, queued deletes sent, in-flight
-RPCs and cloud calls given the rest of the grace; then whatever is left is abandoned (cloud
-calls run in daemon threads, so nothing holds the process), the lease is released for the
-standby with what it must know, and the cloud client is closed.
+the leader lease (at once when election is off) -> the previous holder's promise record taken
+over (its creates counted until they land, its deletes sent again; with no record to read,
+headroom held while an earlier osas's creates may still reach Nova) -> workers -> SERVING.
+A standby is ready (its pod counts for rollouts and disruption budgets) but no endpoint of
+CA's Service (the leader publishes itself as that), its provider service NOT_SERVING, and it
+answers every RPC UNAVAILABLE. A leader that loses the lease has stopped writing already
+(fencing by time) and stops (``LeaseLost``). Stop, all within ``shutdown_grace``: mutations
+refused at once, queued creates dropped with one warning; a holder then withdraws from CA's
+Service and releases the Lease with its promise record (the standby takes over at once and
+sends the deletes still queued); with election off, queued deletes are sent; in-flight RPCs
+and cloud calls get the rest of the grace, then whatever is left is abandoned (cloud calls
+run in daemon threads, so nothing holds the process) and the cloud client is closed.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from osas.domain.inventory import Inventory
 from osas.domain.servers import OwnershipMarks
 from osas.election.lease import LeaseElection
 from osas.election.port import Leadership, NoElection
+from osas.election.record import PromiseRecord, inherited
 from osas.engine.collector import EngineCollector
 from osas.engine.controller import Controller
 from osas.engine.deletes import ServerDeleter
@@ -61,9 +64,6 @@ from osas.service.server import ProviderServer
 logger = structlog.get_logger(__name__)
 
 _FIRST_SYNC_MAX_BACKOFF = 30.0
-# Written on the Lease when the holder releases it: creates it sent that no listing showed
-# yet. 0 tells the successor no earlier create can still reach Nova, so it holds no headroom.
-CREATES_IN_FLIGHT = "osas.openstack.org/creates-in-flight"
 
 
 class LeaseLost(Exception):
@@ -159,6 +159,13 @@ class App:
         self.lease_lost = False
         # A standby adopts the writer's servers silently; it writes once elected.
         self.inventory.ledger.set_writer(not self.leadership.enabled)
+        ledger = self.inventory.ledger
+        self.record = PromiseRecord(
+            self.leadership,
+            ledger.promises,
+            lambda: ledger.promised,
+            clock=anyio.current_time,
+        )
         deleter = ServerDeleter(
             cloud, OwnershipMarks(cluster.cluster_name), self.leadership.may_write
         )
@@ -185,6 +192,7 @@ class App:
             self.reconciler,
             settings,
             deleter=deleter,
+            keep_promises=self.record.keep if self.leadership.enabled else None,
             standby=self._standby,
             metrics=metrics,
         )
@@ -202,7 +210,7 @@ class App:
             clock=anyio.current_time,
             readiness=self.readiness,
             rejected_certificate_reloads=self._rejected_reloads,
-            leadership=self.leadership.status,
+            leadership=self._leadership_status,
             last_reload=lambda: self._last_reload,
         )
         self._register_collectors()
@@ -237,6 +245,10 @@ class App:
         register_build_info(registry, __version__)
         ProcessCollector(registry=registry)
         GCCollector(registry=registry)
+
+    def _leadership_status(self) -> dict[str, object]:
+        """The election's status, with the entries of the promise record last written."""
+        return {**self.leadership.status(), "promises": self.record.entries}
 
     def _rejected_reloads(self) -> int:
         certificates = self.server.certificates
@@ -441,7 +453,7 @@ class App:
         if leadership.enabled:
             self.inventory.ledger.set_writer(True)
             self.reconciler.want_complete()  # a standby's inventory had incremental syncs only
-        self._hold_headroom()
+        self._take_over()
         background.start_soon(_essential, "workers", self._run_workers)
         await self.server.set_serving()
         self.serving.set()
@@ -451,34 +463,36 @@ class App:
         writing already, and a fresh start as a standby is the clean way back."""
         await self.leadership.run_election()
         if self.leadership.lost.is_set() and not self._stop.is_set():
-            logger.error(
-                "lost the leader lease; stopping (writes stopped before another could take it)"
-            )
+            logger.error("lost the leader lease; stopping")
             self.lease_lost = True
             self.stop()
 
-    def _hold_headroom(self) -> None:
-        """Creates an earlier osas (killed, or a lease holder that lost it) sent may still
-        be in Nova's API: until create_doubt_window has passed, no scale-up spends headroom
-        they might occupy. A lease released by a holder with no create in flight says there
-        are none."""
-        if not self.settings.reconcile.hold_after_start:
-            return
-        previous = self.leadership.previous
-        if (
-            previous is not None
-            and previous.released
-            and previous.annotations.get(CREATES_IN_FLIGHT) == "0"
-        ):
-            logger.info("the previous leader released the lease with no create in flight")
-            return
-        window = self.config.reconcile.create_doubt_window.total_seconds()
-        self.inventory.ledger.hold_headroom(anyio.current_time() + window)
-        logger.warning(
-            "scale-ups held until creates an earlier osas may have sent can no longer reach "
-            "Nova; each group's max size is reported as its target meanwhile",
-            seconds=round(window),
-        )
+    def _take_over(self) -> None:
+        """What the previous holder promised and Nova has not confirmed is kept: its record's
+        creates are counted in their groups until they land or create_doubt_window passes,
+        its deletes are sent again. Nothing else is held. Where no record can be read (election
+        off, a Lease without one or deleted under its holder), creates an earlier osas sent
+        may still reach Nova: no scale-up spends headroom until create_doubt_window passes.
+        From here on this holder's writes carry its own record."""
+        ledger, now = self.inventory.ledger, anyio.current_time()
+        promises = inherited(self.leadership.previous)
+        if promises is not None:
+            carry_out(ledger.inherit(promises, now), self.queue, self._engine_metrics)
+            logger.info(
+                "took over the previous leader's promise record",
+                creates=len(promises.creates),
+                deletes=len(promises.deletes),
+            )
+        elif self.settings.reconcile.hold_after_start:
+            window = self.config.reconcile.create_doubt_window.total_seconds()
+            ledger.hold_headroom(now + window)
+            logger.warning(
+                "scale-ups held until creates an earlier osas may have sent can no longer "
+                "reach Nova (no promise record to say which); each group's max size is "
+                "reported as its target meanwhile",
+                seconds=round(window),
+            )
+        self.record.start()
 
     async def _run_workers(self) -> None:
         try:
@@ -497,7 +511,13 @@ class App:
                 dropped=sum(dropped.values()),
                 groups=dropped,
             )
-        with anyio.move_on_after(grace) as scope:
+        deadline = anyio.current_time() + grace
+        if self.leadership.enabled and not self.lease_lost:
+            # Out of CA's Service and the Lease given up first, with the record of what is
+            # still in flight: the standby takes over at once and sends the deletes left
+            # queued here, while this process lets its in-flight calls finish.
+            await self.leadership.release()
+        with anyio.move_on_after(max(deadline - anyio.current_time(), 0.0)) as scope:
             async with anyio.create_task_group() as stopping:
                 stopping.start_soon(self.server.stop)
                 if self.serving.is_set():
@@ -508,10 +528,6 @@ class App:
                 deletes_not_sent=self.queue.queued_deletes(),
                 tasks_in_flight=self.queue.in_hand_count() - len(self.queue),
             )
-        if self.leadership.enabled and not self.lease_lost:
-            # The standby takes over at once, told whether a create of ours may still land.
-            in_flight = self.inventory.ledger.creates_unsettled()
-            await self.leadership.release({CREATES_IN_FLIGHT: str(in_flight)})
         background.cancel_scope.cancel()
 
     @property

@@ -19,9 +19,12 @@ _QUIET_LIBRARIES = (
     "openstack",
     "urllib3",
     "stevedore",
-    "httpx",  # httpx2 logs under this name: a line per Kubernetes API request
+    "httpx",
     "httpcore",
 )
+# The Kubernetes client logs a line per API request at INFO (the election's every renew):
+# debugging detail, shown at debug level only.
+_REQUEST_LINES = ("httpx2",)
 _M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8  # mallopt's parameters (malloc.h)
 
 
@@ -76,6 +79,17 @@ def configure_logging(
         logging.getLogger(name).setLevel(max(logging.WARNING, root.level))
     for name in _SAID_BY_OSAS:
         logging.getLogger(name).setLevel(max(logging.ERROR, root.level))
+    for name in _REQUEST_LINES:
+        request_lines = logging.getLogger(name)
+        request_lines.filters[:] = [_as_debug]
+        request_lines.setLevel(logging.DEBUG if root.level <= logging.DEBUG else logging.WARNING)
+
+
+def _as_debug(record: logging.LogRecord) -> bool:
+    """A request line, logged at INFO by its library, said at DEBUG."""
+    if record.levelno == logging.INFO:
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+    return True
 
 
 def tune_process() -> None:

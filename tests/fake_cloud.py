@@ -6,7 +6,7 @@ adapter does Nova's."""
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -105,6 +105,18 @@ class FakeCloud:
     async def delete_server(self, server_id: str) -> None:
         await self._call()
         self.nova.delete_server(server_id)
+
+    async def delete_server_if(
+        self, server_id: str, still: Callable[[ServerRecord], bool]
+    ) -> bool | None:
+        await self._call()
+        server = self.nova.get_server(server_id)
+        if server is None:
+            return None
+        if not still(server.record()):
+            return False
+        self.nova.delete_server(server_id)
+        return True
 
     async def get_flavor(self, name_or_id: str) -> Flavor | None:
         await self._call()

@@ -58,6 +58,7 @@ from osas.domain.limits import (
 )
 from osas.domain.options import AutoscalingOptions, group_options
 from osas.domain.pricing import effective_requests, node_price, parse_quantity, pod_price
+from osas.domain.promises import Promises
 from osas.domain.quota import Allowance, ProjectQuota
 from osas.domain.servers import (
     META_CLUSTER,
@@ -2207,15 +2208,73 @@ def test_holding_headroom_moves_every_groups_generation():
     assert all(inv.generation(g) > before[g] for g in before)
 
 
-def test_creates_unsettled_counts_what_a_successor_must_wait_for():
-    inv = inventory()
-    queued(inv)
+def test_the_promises_are_the_creates_not_failed_and_the_deletes_ca_asked_for():
+    """What the record must hold: every create that may still reach Nova (queued, being
+    sent, in doubt, answered and not listed), none failed; CA's deletes, not osas's own."""
+    a, b = server(), server()
+    inv = inventory(None, a, b)
+    before = inv.ledger.promised
+    may_land = {queued(inv), sending(inv), in_doubt(inv), created(inv)[0]}
     failed(inv)
-    assert inv.ledger.creates_unsettled() == 0
-    sending(inv)
-    in_doubt(inv)
-    created(inv)
-    assert inv.ledger.creates_unsettled() == 3
+    mark(inv, a.server_id)
+    promises = inv.ledger.promises()
+    assert set(promises.creates) == may_land
+    assert {group for group, _ in promises.creates.values()} == {"workers"}
+    assert dict(promises.deletes) == {a.server_id: "workers"}
+    assert inv.ledger.promised > before
+    # A listing that shows a create's server, or no longer shows a deleted one, confirms it.
+    request_id, made = created(inv)
+    changes(inv, [made], [a.server_id], now=102.0)
+    promises = inv.ledger.promises()
+    assert request_id not in promises.creates
+    assert a.server_id not in promises.deletes
+
+
+def test_a_promise_that_could_not_be_recorded_is_taken_back_whole():
+    inv = inventory(None, server())
+    request_ids = inv.ledger.accept_creates("workers", 3, NOW)
+    assert inv.target_size("workers") == 4
+    inv.ledger.withdraw_creates(request_ids)
+    assert inv.target_size("workers") == 1
+    assert inv.ledger.promises().creates == {}
+
+
+def test_a_new_holder_counts_an_earlier_holders_creates_until_they_land_or_the_window_passes():
+    """Inherited creates hold exactly their own headroom, in their own group, and nothing
+    else; one that lands is settled like any create; one that does not is dropped (never
+    reported failed: most likely it was never sent), and a late server of it is adopted."""
+    landed, lapsed, listed = "r-landed", "r-lapsed", "r-listed"
+    already = server(request_id=listed)
+    inv = inventory(None, already)
+    record = Promises(
+        {landed: ("workers", 0.0), lapsed: ("workers", 0.0), listed: ("workers", 0.0)}
+    )
+    orders = inv.ledger.inherit(record, now=100.0)
+    assert orders.count(EventKind.CREATE_INHERITED) == 2  # the listed one is settled already
+    assert inv.target_size("workers") == 3
+    assert inv.ledger.headroom_held(100.0) is None  # nothing held beyond them
+    assert set(inv.ledger.promises().creates) == {landed, lapsed}  # passed on by this holder
+    window = inv.ledger.settings.create_doubt_window
+    changes(inv, [server(request_id=landed)], now=101.0)
+    assert set(inv.ledger.promises().creates) == {lapsed}
+    orders = changes(inv, [], now=100.0 + window)
+    assert orders.count(EventKind.INHERITED_CREATE_LAPSED) == 1
+    assert orders.count(EventKind.CREATE_GIVEN_UP) == 0
+    assert inv.target_size("workers") == 2
+    late = server(request_id=lapsed)
+    assert changes(inv, [late], now=101.0 + window).deletes == ()
+    assert inv.target_size("workers") == 3
+
+
+def test_a_new_holder_sends_an_earlier_holders_accepted_deletes_again():
+    a, b = server(), server()
+    inv = inventory(None, a, b)
+    orders = inv.ledger.inherit(Promises(deletes={a.server_id: "workers"}), now=100.0)
+    assert [(o.server_id, o.reason) for o in orders.deletes] == [
+        (a.server_id, DeleteReason.REQUESTED)
+    ]
+    assert inv.target_size("workers") == 1
+    assert dict(inv.ledger.promises().deletes) == {a.server_id: "workers"}
 
 
 def test_a_delete_ca_was_told_failed_is_taken_back():

@@ -157,6 +157,20 @@ class Kube:
         finally:
             client.close()
 
+    def delete(self, lease: str) -> None:
+        """Delete the Lease as a person with kubectl would."""
+        if self.standin is not None:
+            self.standin.delete_lease(self.namespace, lease)
+            return
+        from lightkube import Client, KubeConfig  # noqa: PLC0415 - the real lane only
+        from lightkube.resources.coordination_v1 import Lease  # noqa: PLC0415
+
+        client = Client(KubeConfig.from_file(self.kubeconfig))
+        try:
+            client.delete(Lease, lease, namespace=self.namespace)
+        finally:
+            client.close()
+
     def clean_up(self) -> None:
         if self.standin is not None or not (self.names or self.services):
             return
@@ -491,6 +505,145 @@ class TestElection:
             taken = next(w.at for w in writes if w.resource == "leases")
             published = next(w.at for w in writes if w.resource == "endpointslices")
             assert 0 <= published - taken < 2.0
+
+
+class Promised:
+    """A stand-in for the ledger's record: a revision and the annotation that says it."""
+
+    def __init__(self) -> None:
+        self.revision = 0
+        self.text = "none"
+
+    def promise(self, text: str) -> int:
+        self.revision += 1
+        self.text = text
+        return self.revision
+
+    def source(self) -> tuple[int, dict[str, str]]:
+        return self.revision, {PROMISES: self.text}
+
+
+PROMISES = "osas.openstack.org/promises"
+
+
+async def never_two_writers(a: Candidate, b: Candidate, seconds: float) -> None:
+    """Sample both candidates' fences for ``seconds``: never both may write."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        both = a.election.may_write() and b.election.may_write()
+        assert not both, "two writers"
+        await anyio.sleep(0.002)
+
+
+class TestPromiseRecordAndDeletedLeases:
+    """The promise record rides the holder's own writes of the Lease; a Lease deleted by
+    hand never gives two writers (issue 31, problems 1 and 2)."""
+
+    async def test_a_lease_deleted_by_hand_never_gives_two_writers(self, kube):
+        """Problem 1: the standby found the Lease missing, made it and led at once while the
+        holder still wrote. Now the holder makes it again within a retry period (its record
+        with it) and the standby, which saw a holder, waits out the lease duration."""
+        lease = kube.new_lease()
+        async with candidates(kube, lease, "osas-a") as (a,):
+            await elected(a)
+            record = Promised()
+            a.election.carry(record.source)
+            assert await a.election.keep_written(record.promise('{"v":1}'), 1.0)
+            async with candidates(kube, lease, "osas-b") as (b,):
+                await until("b to see a", lambda: b.election.status()["holder"] == "osas-a")
+                with capture_logs() as logs:
+                    kube.delete(lease)
+                    await never_two_writers(a, b, 2.5)  # 2.5 lease durations
+                assert a.election.may_write()
+                assert not b.election.elected.is_set()
+                assert spec_of(kube, lease)["holderIdentity"] == "osas-a"
+                assert annotations_of(kube, lease)[PROMISES] == '{"v":1}'
+                assert any(
+                    entry["event"].startswith("the lease was deleted under its holder")
+                    for entry in logs
+                )
+
+    async def test_a_lease_deleted_under_a_dead_holder_passes_after_the_lease_duration(self, kube):
+        """The holder killed, then its Lease deleted: the standby makes it anew only once the
+        lease duration has passed since it last saw the holder renew, and knows the record
+        went with it (the previous holder is named, with nothing known of its promises)."""
+        lease = kube.new_lease()
+        async with candidates(kube, lease, "osas-a") as (a,):
+            await elected(a)
+            async with candidates(kube, lease, "osas-b") as (b,):
+                await until("b to see a", lambda: b.election.status()["holder"] == "osas-a")
+                a.crash()
+                await a.done.wait()
+                last_renew = a.election._renewed_at
+                assert last_renew is not None
+                kube.delete(lease)
+                await elected(b)
+                taken = b.election._renewed_at
+                assert taken is not None
+                assert taken >= last_renew + 1.0
+                previous = PreviousHolder("osas-a", released=False, annotations={})
+                assert b.election.previous == previous
+
+    async def test_a_record_kept_is_on_the_lease_when_keep_written_returns(self, kube):
+        lease = kube.new_lease()
+        slow = {"lease_duration": 5.0, "renew_deadline": 3.0, "retry_period": 1.0}
+        async with candidates(kube, lease, "osas-a", **slow) as (a,):
+            await elected(a)
+            record = Promised()
+            a.election.carry(record.source)
+            for n in range(3):
+                revision = record.promise(f"promise {n}")
+                assert await a.election.keep_written(revision, 2.0)
+                assert annotations_of(kube, lease)[PROMISES] == f"promise {n}"
+            # Callers waiting at once share writes: ten promises, far fewer writes.
+            writes_before = len(kube.standin.writes) if kube.standin is not None else 0
+            revisions = [record.promise(f"many {n}") for n in range(10)]
+            results = []
+
+            async def keep(revision: int) -> None:
+                results.append(await a.election.keep_written(revision, 2.0))
+
+            async with anyio.create_task_group() as group:
+                for revision in revisions:
+                    group.start_soon(keep, revision)
+            assert results == [True] * 10
+            assert annotations_of(kube, lease)[PROMISES] == "many 9"
+            if kube.standin is not None:
+                assert len(kube.standin.writes) - writes_before <= 2
+            # What leaves the record rides the next renew, with no promise made.
+            record.text = "confirmed"
+            await until(
+                "the renew to carry it",
+                lambda: annotations_of(kube, lease)[PROMISES] == "confirmed",
+                timeout=5.0,
+            )
+
+    async def test_a_standby_keeps_nothing_and_a_new_holder_carries_the_old_record_on(self, kube):
+        """Problem 2 at its root: the new holder reads its predecessor's record when it takes
+        the Lease and writes it over only once it carries a record of its own."""
+        lease = kube.new_lease()
+        async with candidates(kube, lease, "osas-a") as (a,):
+            await elected(a)
+            record = Promised()
+            a.election.carry(record.source)
+            assert await a.election.keep_written(record.promise("a's promises"), 1.0)
+            async with candidates(kube, lease, "osas-b") as (b,):
+                await until("b to see a", lambda: b.election.status()["holder"] == "osas-a")
+                assert not await b.election.keep_written(1, 0.5)  # not the holder
+                a.crash()
+                await a.done.wait()
+                await elected(b)
+                previous = b.election.previous
+                assert previous is not None
+                assert previous.annotations[PROMISES] == "a's promises"
+                # Renewed by b, still a's record: had b died now, its successor would keep it.
+                await anyio.sleep(0.3)
+                assert spec_of(kube, lease)["holderIdentity"] == "osas-b"
+                assert annotations_of(kube, lease)[PROMISES] == "a's promises"
+                record_b = Promised()
+                b.election.carry(record_b.source)
+                assert await b.election.keep_written(record_b.promise("b's promises"), 1.0)
+                assert annotations_of(kube, lease)[PROMISES] == "b's promises"
 
 
 class TestOnTheStandIn:
@@ -1151,3 +1304,31 @@ class TestSettings:
         with anyio.move_on_after(0.05) as scope:
             await none.run_election()
         assert scope.cancelled_caught
+
+
+async def test_the_kubernetes_clients_request_lines_are_debug_detail(on_standin, capsys):
+    """Problem 7: every renew logged a request line at INFO (about 30 lines a minute per
+    replica, half of each log). They are said at debug level, and only there."""
+    import logging  # noqa: PLC0415 - this test alone
+
+    import structlog  # noqa: PLC0415
+
+    from osas.process import configure_logging  # noqa: PLC0415
+
+    def request_lines() -> list[dict[str, Any]]:
+        lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line]
+        return [line for line in lines if line.get("logger") == "httpx2"]
+
+    try:
+        for level, expected in (("info", False), ("debug", True)):
+            configure_logging(level, "json", cache_loggers=False)
+            lease = on_standin.new_lease()
+            async with candidates(on_standin, lease, f"osas-{level}") as (a,):
+                await elected(a)
+                await anyio.sleep(0.5)  # a few renews
+            found = request_lines()
+            assert bool(found) is expected
+            assert all(line["level"] == "debug" for line in found)
+    finally:
+        logging.getLogger().handlers.clear()
+        structlog.reset_defaults()

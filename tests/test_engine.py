@@ -28,7 +28,7 @@ async def test_lost_create_answer_does_not_duplicate(tmp_path):
     nova.faults.lost_create_responses = 2  # Nova made the server, the answer never arrived
     async with running(make_config(tmp_path), FakeCloud(nova)) as provider:
         controller = provider.app.controller
-        controller.group_to_change("workers").increase_size(2)
+        await controller.group_to_change("workers").increase_size(2)
         await eventually(lambda: not provider.app.queue.in_hand_count(), what="creates done")
         await provider.sync()
         assert len(nova.live_servers()) == 2
@@ -43,7 +43,7 @@ async def test_restart_mid_scale_up_loses_nothing_and_duplicates_nothing(tmp_pat
     config = make_config(tmp_path, queue={"capacity": 50, "workers": 1})
     first = Provider(config, FakeCloud(nova))
     await first.start()
-    first.app.controller.group_to_change("workers").increase_size(4)
+    await first.app.controller.group_to_change("workers").increase_size(4)
     await eventually(lambda: len(nova.live_servers()) == 2, what="two of four created")
     await first.stop()  # killed mid scale-up: queued creates are dropped, never half-made
     made = {s.server_id for s in nova.live_servers()}
@@ -56,7 +56,7 @@ async def test_restart_mid_scale_up_loses_nothing_and_duplicates_nothing(tmp_pat
         ids = {i.instance_id for i in controller.group("workers").nodes()}
         assert ids == {provider_id(s) for s in made}
         # CA sees the target short of what it asked and asks again: the rest is created once.
-        controller.group_to_change("workers").increase_size(4 - len(made))
+        await controller.group_to_change("workers").increase_size(4 - len(made))
         await eventually(lambda: len(nova.live_servers()) == 4, what="four servers")
         await second.sync()
         assert controller.group("workers").target_size() == 4
@@ -207,7 +207,7 @@ async def test_faulty_cloud_scale_up_then_down_converges(tmp_path):
     async with running(config, cloud) as provider:
         app = provider.app
         for _ in range(3):
-            app.controller.group_to_change("workers").increase_size(3)
+            await app.controller.group_to_change("workers").increase_size(3)
         await eventually(lambda: not app.queue.in_hand_count(), what="creates sent")
         # A 5xx leaves a create in doubt: never sent again, reported failed once the window
         # has passed without its server showing up; CA deletes those.

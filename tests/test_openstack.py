@@ -219,7 +219,7 @@ async def test_incremental_sync_sees_creates_updates_and_deletions(sim, tmp_path
     await provider.start()
     try:
         app = provider.app
-        app.controller.group_to_change("workers").increase_size(1)
+        await app.controller.group_to_change("workers").increase_size(1)
         await eventually(lambda: len(sim.nova.live_servers()) == 3, what="server created")
         await provider.sync(full=False)
         created = next(s for s in sim.nova.live_servers() if s.server_id not in {kept, doomed})

@@ -965,6 +965,23 @@ class OpenStackCloud:
 
         await self._call(delete)
 
+    async def delete_server_if(
+        self, server_id: str, still: Callable[[ServerRecord], bool]
+    ) -> bool | None:
+        # The read and the DELETE in one thread call: a mark removed by hand can land
+        # between them only within Nova's round trip, never while osas's loop is busy.
+        def read_then_delete(conn: openstack.connection.Connection) -> bool | None:
+            try:
+                record = _record(conn.compute.get_server(server_id))
+            except sdk_exceptions.NotFoundException:
+                return None
+            if not still(record):
+                return False
+            conn.compute.delete_server(server_id, ignore_missing=True)
+            return True
+
+        return await self._call(read_then_delete)
+
     async def get_flavor(self, name_or_id: str) -> Flavor | None:
         def get(conn: openstack.connection.Connection) -> Flavor | None:
             flavor = conn.compute.find_flavor(name_or_id, ignore_missing=True, get_extra_specs=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -91,6 +91,15 @@ class Cloud(Protocol):
 
     async def delete_server(self, server_id: str) -> None:
         """Delete a server; one that is already gone is success."""
+        ...
+
+    async def delete_server_if(
+        self, server_id: str, still: Callable[[ServerRecord], bool]
+    ) -> bool | None:
+        """Read the server and delete it only if ``still(record)`` says so, in one go: no
+        task of osas's runs between the read and the DELETE (``still`` may run on another
+        thread). None when Nova no longer has it, False when ``still`` refused, True once
+        the DELETE was accepted."""
         ...
 
     async def get_flavor(self, name_or_id: str) -> Flavor | None: ...

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 
 from osas.domain.ids import placeholder_id
+from osas.domain.promises import Promises
 from osas.domain.servers import ErrorClass, ErrorInfo, Server
 from osas.domain.snapshot import Snapshot, SnapshotDiff
 from osas.domain.specs import ClusterSpec
@@ -76,6 +77,9 @@ class Create:
     answered_generation: int = 0  # the sync generation current when Nova answered
     doubt_until: float = 0.0
     error: ErrorInfo | None = None
+    # Promised by an earlier holder (its record said so): it may reach Nova until doubt_until.
+    # If it does not, it is dropped, not failed: most likely it was never sent at all.
+    inherited: bool = False
 
 
 # -- what workers report -------------------------------------------------------------------------
@@ -169,6 +173,9 @@ class EventKind(StrEnum):
     ABOVE_MAX_KEPT = "above-max-kept"  # above max_size with nothing that may be deleted
     SHARED_REQUEST_KEPT = "shared-request-kept"  # servers of one request not sent here: reported
     UNKNOWN_PLACEHOLDER = "unknown-placeholder"  # DeleteNodes of a placeholder not known here
+    CREATE_INHERITED = "create-inherited"  # an earlier holder's promise: counted until it lands
+    INHERITED_CREATE_LAPSED = "inherited-create-lapsed"  # it did not land within the window
+    DELETE_INHERITED = "delete-inherited"  # an earlier holder's accepted delete: sent again
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +300,8 @@ class Ledger:
         # False on a standby: the servers another process (the writer) makes are adopted
         # silently, since no rule of this process's can apply to them (``set_writer``).
         self._writer = True
+        # Bumped whenever something is promised that the record must hold before the answer.
+        self._promised = 0
 
     # -- configuration ----------------------------------------------------------------------------
 
@@ -446,6 +455,7 @@ class Ledger:
             group[request_id] = create
         if request_ids:
             self._changed(group_id)
+            self._promised += 1
         return request_ids
 
     def refuse_creates(self, group_id: str, count: int, error: ErrorInfo, now: float) -> Orders:
@@ -479,6 +489,8 @@ class Ledger:
             if create is not None:
                 self._give_up(create, now)
             self._mark(server_id, plan.group_id, DeleteReason.REQUESTED, now, orders)
+        if plan.servers:
+            self._promised += 1
         for request_id in (*plan.failures, *plan.cancels, *plan.give_ups):
             create = self._creates.get(request_id)
             if create is not None:
@@ -514,11 +526,71 @@ class Ledger:
         for group_id in [spec.group_id for spec in self._cluster.node_groups]:
             self._changed(group_id)
 
-    def creates_unsettled(self) -> int:
-        """Creates sent whose server no listing has shown yet (being sent, in doubt, or
-        answered and not listed): what a successor must wait for."""
-        unsettled = {CreateState.SENDING, CreateState.IN_DOUBT, CreateState.CREATED}
-        return sum(1 for create in self._creates.values() if create.state in unsettled)
+    # -- the promise record ----------------------------------------------------------------------
+
+    @property
+    def promised(self) -> int:
+        """Bumped by every intent that adds a promise: an answer that makes one may be given
+        only once a record written at this revision or later is kept."""
+        return self._promised
+
+    def promises(self) -> Promises:
+        """What is promised and not yet confirmed: creates not failed (queued, being sent, in
+        doubt, answered and not listed) and the deletes CA asked for whose server a listing
+        still may show. O(creates in hand + servers being deleted)."""
+        creates = {
+            request_id: (create.group_id, create.accepted_at)
+            for request_id, create in self._creates.items()
+            if create.state is not CreateState.FAILED
+        }
+        deletes = {
+            server_id: mark.group_id
+            for server_id, mark in self._deleting.items()
+            if mark.reason is DeleteReason.REQUESTED
+        }
+        return Promises(creates, deletes)
+
+    def withdraw_creates(self, request_ids: Iterable[str]) -> None:
+        """Creates just accepted whose promise could not be recorded (the call fails): never
+        queued, so forgotten as if never accepted; a DecreaseTargetSize meanwhile may have
+        cancelled some already."""
+        for request_id in request_ids:
+            create = self._creates.get(request_id)
+            if create is not None and create.state is CreateState.QUEUED:
+                self._forget_create(create)
+
+    def inherit(self, promises: Promises, now: float) -> Orders:
+        """A new writer takes over an earlier holder's record. Each create not listed yet is
+        counted in its group as in doubt until its request id is listed or
+        ``create_doubt_window`` has passed (from now: it was sent, if ever, before now), so
+        that it can never take its group beyond max_size; nothing else is held. Each delete is
+        marked and ordered again; the worker reads the server first, as for any delete."""
+        orders = _Draft()
+        window = self.settings.create_doubt_window
+        configured = {spec.group_id for spec in self._cluster.node_groups}
+        for request_id, (group_id, _) in promises.creates.items():
+            if (
+                group_id not in configured
+                or request_id in self._creates
+                or self._snapshot.has_request(request_id)
+            ):
+                continue  # listed already, or of a group no longer configured
+            create = Create(
+                request_id, group_id, now, CreateState.IN_DOUBT, doubt_until=now + window
+            )
+            create.inherited = True
+            self._creates[request_id] = create
+            self._creates_by_group.setdefault(group_id, {})[request_id] = create
+            self._changed(group_id)
+            orders.event(EventKind.CREATE_INHERITED, group_id, request_id=request_id)
+        for server_id, group_id in promises.deletes.items():
+            if server_id in self._deleting or group_id not in configured:
+                continue
+            self._mark(server_id, group_id, DeleteReason.REQUESTED, now, orders)
+            orders.event(EventKind.DELETE_INHERITED, group_id, server_id=server_id)
+        if promises:
+            self._promised += 1
+        return orders.done()
 
     def drop_queued(self, request_ids: Iterable[str], now: float) -> Orders:
         """Shutting down: queued creates are forgotten unsent (CA asks again)."""
@@ -764,6 +836,16 @@ class Ledger:
             ):
                 self._settle_create(create, orders)
             elif create.state is CreateState.IN_DOUBT and now >= create.doubt_until:
+                if create.inherited:
+                    self._forget_create(create)
+                    orders.event(
+                        EventKind.INHERITED_CREATE_LAPSED,
+                        create.group_id,
+                        request_id=create.request_id,
+                        detail=f"no server within {self.settings.create_doubt_window:.0f}s of "
+                        "the takeover; a server of it appearing later would be adopted",
+                    )
+                    continue
                 error = ErrorInfo(
                     IN_DOUBT_CODE,
                     f"create {create.request_id} was sent but its outcome is unknown, and no "

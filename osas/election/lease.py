@@ -52,6 +52,7 @@ from lightkube.resources.discovery_v1 import EndpointSlice
 
 from osas.election.port import (
     NO_ANNOTATIONS,
+    AnnotationSource,
     ElectionSettings,
     ElectionSetupError,
     PreviousHolder,
@@ -402,6 +403,13 @@ class LeaseElection:
         self._endpoint = self._endpoint_publisher()
         self._publishing: anyio.CancelScope | None = None  # the endpoint's task
         self._published_last = anyio.Event()  # set when that task has ended
+        # Every write of the Lease goes one at a time: a renew, a record kept, the release
+        # each write over what the one before returned.
+        self._writing = anyio.Lock()
+        self._source: AnnotationSource | None = None
+        self._kept = 0  # the source's revision the last acknowledged write carried
+        self._loop_client: AsyncClient | None = None  # the loop's, for keep_written
+        self._seen_duration = float(self._duration_seconds)  # the holder's, as last read
 
     # -- Leadership ------------------------------------------------------------------------------
 
@@ -458,13 +466,44 @@ class LeaseElection:
         check_annotations(merged)
         self._annotations = merged
 
+    def carry(self, source: AnnotationSource) -> None:
+        self._source = source
+
+    async def keep_written(self, revision: int, budget: float) -> bool:
+        deadline = self._clock() + budget
+        with anyio.move_on_after(budget):
+            async with self._writing:
+                # Whoever held the lock before may have written this revision already.
+                if self._kept >= revision:
+                    return True
+                client, lease = self._loop_client, self._written
+                if client is None or lease is None or not self.may_write():
+                    return False
+                started = self._clock()
+                try:
+                    # Seen through once sent: an answer given up on could still land.
+                    with anyio.CancelScope(shield=True):
+                        return await self._renew_locked(
+                            client, lease, started, limit=max(deadline - started, 0.0)
+                        )
+                except _API_FAILURES as exc:
+                    self._log.warning(
+                        "promise record not written; the call is refused", error=_describe(exc)
+                    )
+                    return False
+        return self._kept >= revision
+
     async def run_election(self) -> None:
         self._log.info("leader election started")
         async with self._client() as client, anyio.create_task_group() as tasks:
-            if self._endpoint is not None:
-                tasks.start_soon(self._publish_while_leading, client, self._endpoint)
-            await self._elect(client)
-            tasks.cancel_scope.cancel()
+            self._loop_client = client
+            try:
+                if self._endpoint is not None:
+                    tasks.start_soon(self._publish_while_leading, client, self._endpoint)
+                await self._elect(client)
+                tasks.cancel_scope.cancel()
+            finally:
+                self._loop_client = None
 
     async def release(self, annotations: Mapping[str, str] = NO_ANNOTATIONS) -> None:
         self._stopping = True
@@ -584,19 +623,19 @@ class LeaseElection:
     async def _try_acquire_or_renew(self, client: AsyncClient, started: float) -> None:
         # A holder renews what its last write returned; a Conflict means someone wrote since:
         # read and decide again.
-        written = self._written if self._leading else None
-        if written is not None and await self._renew(client, written, started):
+        if self._leading and self._written is not None and await self._renew(client, started):
             return
         lease = await self._get(client)
         if self._stopping:
             return
         if lease is None:
-            await self._create(client, started)
+            await self._lease_missing(client, started)
             return
         record = self._observe(lease)
         if record.holder == self._identity:
             if self._leading:
-                await self._renew(client, lease, started)
+                async with self._writing:
+                    await self._renew_locked(client, lease, started)
             else:
                 # An earlier life of this identity (the same pod, its container restarted):
                 # it is gone, so the Lease is taken back at once, as client-go does.
@@ -608,6 +647,36 @@ class LeaseElection:
         elif record.holder != self._standing_by_for:
             self._standing_by_for = record.holder
             self._log.info("another osas holds the lease; standing by", holder=record.holder)
+
+    async def _lease_missing(self, client: AsyncClient, started: float) -> None:
+        if self._leading:
+            self._log.warning(
+                "the lease was deleted under its holder (by hand, or another tool); made "
+                "again at once, with the promise record"
+            )
+        elif self._waits_out_a_vanished_holder():
+            return
+        await self._create(client, started)
+
+    def _waits_out_a_vanished_holder(self) -> bool:
+        """The Lease is missing. A candidate that last saw it held may make it anew only once
+        ``lease_duration`` has passed since that holder's record last changed: the holder may
+        not know yet, and writes until its renew deadline. One that saw no holder (a first
+        install, or a Lease released) makes it at once."""
+        observed = self._observed
+        if observed is None or not observed.holder:
+            return False
+        if self._clock() >= self._observed_at + self._seen_duration:
+            return False
+        if self._standing_by_for != f"{observed.holder} (lease deleted)":
+            self._standing_by_for = f"{observed.holder} (lease deleted)"
+            self._log.warning(
+                "the lease vanished while another osas held it (deleted by hand?); it is made "
+                "anew only once lease_duration has passed since its holder last renewed",
+                holder=observed.holder,
+                wait_seconds=round(self._observed_at + self._seen_duration - self._clock(), 1),
+            )
+        return True
 
     def _observe(self, lease: Lease) -> _Record:
         spec = lease.spec or LeaseSpec()
@@ -621,6 +690,7 @@ class LeaseElection:
             self._observed_at = self._clock()
         if record.holder:
             self._seen_holder = record.holder
+            self._seen_duration = float(spec.leaseDurationSeconds or self._duration_seconds)
         self._transitions = spec.leaseTransitions
         return record
 
@@ -630,12 +700,17 @@ class LeaseElection:
         return self._clock() >= self._observed_at + duration
 
     async def _create(self, client: AsyncClient, started: float) -> None:
+        async with self._writing:
+            await self._create_locked(client, started)
+
+    async def _create_locked(self, client: AsyncClient, started: float) -> None:
         now = _micro(self._wall_clock())
+        revision, annotations = self._carried()
         lease = Lease(
             metadata=ObjectMeta(
                 name=self._settings.lease_name,
                 namespace=self._settings.lease_namespace,
-                annotations=dict(self._annotations) or None,
+                annotations=annotations or None,
             ),
             spec=LeaseSpec(
                 holderIdentity=self._identity,
@@ -650,13 +725,22 @@ class LeaseElection:
         except ApiError as exc:
             if exc.status.code != _CONFLICT:
                 raise
-            self._log.info("another candidate created the lease first")
+            if self._leading:
+                # Deleted under this holder and made again by another before it could: that
+                # one may be writing already. Stop at once, not at the renew deadline.
+                self._lose("the lease was deleted and another osas made it anew first")
+            else:
+                self._log.info("another candidate created the lease first")
             return
+        self._wrote(revision)
         if self._leading:  # deleted under this holder, made again: a renew
             self._renewed(created, started)
         else:
+            # A Lease made after one vanished under a holder: what that holder promised is
+            # unknown (its record went with the Lease), not nothing.
+            seen = self._observed.holder if self._observed else None
             self._become_leader(
-                created, started, PreviousHolder(None, released=False, annotations={})
+                created, started, PreviousHolder(seen or None, released=False, annotations={})
             )
 
     async def _take(self, client: AsyncClient, lease: Lease, started: float) -> None:
@@ -670,22 +754,35 @@ class LeaseElection:
         transitions = (spec.leaseTransitions or 0) + int(holder != self._identity)
         now = _micro(self._wall_clock())
         acquire = spec.acquireTime if holder == self._identity and spec.acquireTime else now
-        written = await self._write(
-            client, lease, self._spec(spec, acquire=acquire, renew=now, transitions=transitions)
-        )
+        async with self._writing:
+            written = await self._write(
+                client,
+                lease,
+                self._spec(spec, acquire=acquire, renew=now, transitions=transitions),
+            )
         if written is None:
             self._log.info("another candidate took the lease first")
             return
         self._become_leader(written, started, previous)
 
-    async def _renew(self, client: AsyncClient, lease: Lease, started: float) -> bool:
-        """False when the Lease changed since it was read (Conflict)."""
+    async def _renew(self, client: AsyncClient, started: float) -> bool:
+        """Renew over what the holder's last write returned; False when the Lease changed
+        since (Conflict) or vanished."""
+        async with self._writing:
+            lease = self._written
+            if lease is None:
+                return False
+            return await self._renew_locked(client, lease, started)
+
+    async def _renew_locked(
+        self, client: AsyncClient, lease: Lease, started: float, limit: float | None = None
+    ) -> bool:
         spec = lease.spec or LeaseSpec()
         now = _micro(self._wall_clock())
         new_spec = self._spec(
             spec, acquire=spec.acquireTime or now, renew=now, transitions=spec.leaseTransitions or 0
         )
-        written = await self._write(client, lease, new_spec)
+        written = await self._write(client, lease, new_spec, limit=limit)
         if written is None:
             return False
         if not self._stopping:  # a release won the race: this holder no longer leads
@@ -711,20 +808,40 @@ class LeaseElection:
         client: AsyncClient,
         lease: Lease,
         spec: LeaseSpec,
-        annotations: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] = NO_ANNOTATIONS,
+        *,
+        limit: float | None = None,
     ) -> Lease | None:
-        """PUT ``spec`` over ``lease`` with the resourceVersion (and uid) it was read with;
-        None when the API refuses it as stale (Conflict)."""
+        """PUT ``spec`` over ``lease`` with the resourceVersion (and uid) it was read with,
+        carrying the holder's annotations; None when the API refuses it as stale (Conflict)
+        or the Lease is gone (NotFound). Call it holding ``_writing``."""
         metadata = copy.copy(lease.metadata) if lease.metadata else ObjectMeta()
-        publish = self._annotations if annotations is None else annotations
+        revision, publish = self._carried()
+        publish = {**publish, **annotations}
         if publish:
             metadata.annotations = {**(metadata.annotations or {}), **publish}
         try:
-            return await self._request(client.replace(Lease(metadata=metadata, spec=spec)))
+            written = await self._request(
+                client.replace(Lease(metadata=metadata, spec=spec)), limit
+            )
         except ApiError as exc:
-            if exc.status.code == _CONFLICT:
+            if exc.status.code in {_CONFLICT, _NOT_FOUND}:
                 return None
             raise
+        self._wrote(revision)
+        return written
+
+    def _carried(self) -> tuple[int | None, dict[str, str]]:
+        """What the holder's writes carry: its own annotations and, once it carries a
+        source, the source's, with the source's revision."""
+        if self._source is None:
+            return None, dict(self._annotations)
+        revision, annotations = self._source()
+        return revision, {**self._annotations, **annotations}
+
+    def _wrote(self, revision: int | None) -> None:
+        if revision is not None:
+            self._kept = max(self._kept, revision)
 
     async def _get(self, client: AsyncClient) -> Lease | None:
         try:
@@ -738,9 +855,11 @@ class LeaseElection:
                 return None
             raise
 
-    async def _request(self, request: Awaitable[T]) -> T:
+    async def _request(self, request: Awaitable[T], limit: float | None = None) -> T:
         # httpx's timeouts bound each phase; this bounds the whole request.
-        with anyio.fail_after(self._request_timeout):
+        with anyio.fail_after(
+            self._request_timeout if limit is None else min(limit, self._request_timeout)
+        ):
             return await request
 
     # -- changes of state ------------------------------------------------------------------------
@@ -816,7 +935,8 @@ class LeaseElection:
                 renewTime=now,
                 leaseTransitions=spec.leaseTransitions or 0,
             )
-            written = await self._write(client, lease, released, annotations)
+            async with self._writing:
+                written = await self._write(client, lease, released, annotations)
             if written is not None:
                 self._written = None
                 self._log.info("lease released")

@@ -24,7 +24,7 @@ import ipaddress
 import os
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -33,11 +33,19 @@ from typing import Protocol
 import anyio
 
 NO_ANNOTATIONS: Mapping[str, str] = MappingProxyType({})
+# What the holder's writes carry besides the Lease itself: a revision (what the writer
+# promised, see ``Leadership.keep_written``) and the annotations that say it.
+AnnotationSource = Callable[[], tuple[int, Mapping[str, str]]]
 # What the API server accepts: a Service's name (RFC 1035 label), a namespace and a port name
 # (RFC 1123 labels). Checked here so that a typo fails at start, not at every write.
 _DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _MAX_PORT = 65535
+
+
+class PromisesNotKept(Exception):
+    """The promise record could not be written in time (or this process no longer holds the
+    Lease): the call that would have promised something is refused with nothing promised."""
 
 
 class ElectionSetupError(Exception):
@@ -201,6 +209,19 @@ class Leadership(Protocol):
         written again."""
         ...
 
+    def carry(self, source: AnnotationSource) -> None:
+        """From now on every write of the holder's (renew, release) carries ``source()``'s
+        annotations. Until this is called, the Lease's own are left as they are: a new holder
+        carries its predecessor's record on until it has taken it in hand."""
+        ...
+
+    async def keep_written(self, revision: int, budget: float) -> bool:
+        """True once a write of the holder's carrying the source at ``revision`` or later has
+        been acknowledged by the API server (one write serves every caller waiting for it);
+        False when this process is not the holder, or no such write landed within
+        ``budget`` seconds. With election off, True at once: nothing is kept outside the process."""
+        ...
+
 
 class NoElection:
     """Election off: this process is the writer from the start and never stops being so."""
@@ -252,3 +273,10 @@ class NoElection:
 
     def set_annotations(self, annotations: Mapping[str, str]) -> None:
         del annotations
+
+    def carry(self, source: AnnotationSource) -> None:
+        del source
+
+    async def keep_written(self, revision: int, budget: float) -> bool:
+        del revision, budget
+        return True

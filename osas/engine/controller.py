@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Awaitable, Callable, Container, Mapping
 from decimal import Decimal
 
 import anyio
@@ -16,7 +16,13 @@ import structlog
 from structlog.contextvars import bind_contextvars
 
 from osas.cloud.errors import CloudUnavailable
-from osas.domain.errors import NodeNotFound, NotReady, NotSupported, PreconditionFailed
+from osas.domain.errors import (
+    NodeNotFound,
+    NotReady,
+    NotSupported,
+    Overloaded,
+    PreconditionFailed,
+)
 from osas.domain.ids import ServerNode, parse_node
 from osas.domain.inventory import Instance, Inventory
 from osas.domain.ledger import DeleteOutcome, DeletePlan, Orders
@@ -24,9 +30,11 @@ from osas.domain.limits import CheckedNodes, NodeInfo, check_nodes
 from osas.domain.options import AutoscalingOptions, group_options, options_refusal
 from osas.domain.pricing import node_price, pod_price
 from osas.domain.problems import is_fake_node, never_registered
+from osas.domain.promises import RECORD_CAPACITY
 from osas.domain.sizing import plan_decrease, plan_delete, plan_increase, require_group
 from osas.domain.specs import ClusterSpec, NodeGroupSpec
 from osas.domain.template import LABEL_INSTANCE_TYPE, NodeTemplate, build_template
+from osas.election.port import PromisesNotKept
 from osas.engine.deletes import ServerDeleter
 from osas.engine.events import carry_out, log_group_problems
 from osas.engine.metrics import EngineMetrics
@@ -36,13 +44,19 @@ from osas.engine.settings import EngineSettings
 
 logger = structlog.get_logger(__name__)
 
-# What DeleteNodes keeps of CA's deadline to answer in; and its budget when CA sends none.
+# What a mutation keeps of CA's deadline to answer in; and the longest it waits for the
+# promise record (a few of the API server's round trips: a slower API fails the call).
 _ANSWER_MARGIN = 0.25
-_NO_DEADLINE_BUDGET = 30.0
+_RECORD_BUDGET = 2.0
+_NO_DEADLINE_BUDGET = 30.0  # DeleteNodes reaching Nova itself, when CA gives no deadline
 
 
 def _never_standby() -> str | None:
     return None
+
+
+async def _nothing_to_keep(budget: float) -> None:
+    del budget
 
 
 class Controller:
@@ -54,6 +68,7 @@ class Controller:
         settings: EngineSettings,
         *,
         deleter: ServerDeleter,
+        keep_promises: Callable[[float], Awaitable[None]] | None = None,
         standby: Callable[[], str | None] = _never_standby,
         metrics: EngineMetrics | None = None,
     ) -> None:
@@ -62,6 +77,11 @@ class Controller:
         self.reconciler = reconciler
         self.settings = settings
         self.deleter = deleter
+        # Returns once the promises made so far are kept outside this process (the record
+        # on the leader Lease); raises PromisesNotKept. None: nothing is kept outside it
+        # (election off), and DeleteNodes reaches Nova before it answers instead.
+        self._keep_promises = keep_promises or _nothing_to_keep
+        self.keeps_promises = keep_promises is not None
         # Why this process may not answer CA now (it does not hold the leader lease), or None.
         self._standby = standby
         self._metrics = metrics
@@ -100,11 +120,31 @@ class Controller:
     def carry_out(self, orders: Orders, *, sent_by_caller: Container[str] = ()) -> None:
         carry_out(orders, self.queue, self._metrics, sent_by_caller=sent_by_caller)
 
+    def check_record_room(self, count: int) -> None:
+        """Refuse, with nothing changed, a call whose promises the record has no room for."""
+        held = len(self.inventory.ledger.promises())
+        if count and held + count > RECORD_CAPACITY:
+            raise Overloaded(
+                f"the promise record is full ({held} of {RECORD_CAPACITY} creates and deletes "
+                f"not yet confirmed by a listing); no room for {count} more"
+            )
+
     def delete_budget(self, time_left: float | None) -> float:
         """Seconds DeleteNodes may spend reaching Nova: CA's deadline less time to answer."""
         if time_left is None or not math.isfinite(time_left):
             return _NO_DEADLINE_BUDGET
         return max(0.0, time_left - _ANSWER_MARGIN)
+
+    async def keep_promises(self, time_left: float | None) -> None:
+        """Return once what was promised so far is kept in the cluster; NotReady (the call
+        fails, UNAVAILABLE) when the record cannot be written within the budget."""
+        budget = _RECORD_BUDGET
+        if time_left is not None and math.isfinite(time_left):
+            budget = min(budget, max(0.0, time_left - _ANSWER_MARGIN))
+        try:
+            await self._keep_promises(budget)
+        except PromisesNotKept as exc:
+            raise NotReady(str(exc)) from exc
 
     def _check_accepting(self) -> None:
         self.check_ready()
@@ -284,15 +324,27 @@ class NodeGroupView:
 
     # -- mutations: planned in the domain, which refuses a request whole or changes it all ---------
 
-    def increase_size(self, delta: int) -> None:
+    async def increase_size(self, delta: int, time_left: float | None = None) -> None:
+        """IncreaseSize: the target rises at once; the creates are queued (and may be sent)
+        only once the promise record holding them is written, before the answer. A record
+        that cannot be written fails the call with the creates taken back."""
         controller, group_id = self._controller, self.spec.group_id
         inventory = controller.inventory
         now = anyio.current_time()
         plan = plan_increase(controller.cluster, inventory, group_id, delta, now)
         controller.queue.ensure_room(plan.creates)
+        controller.check_record_room(plan.creates)
         request_ids = inventory.ledger.accept_creates(group_id, plan.creates, now)
+        try:
+            await controller.keep_promises(time_left)
+        except NotReady:
+            inventory.ledger.withdraw_creates(request_ids)
+            raise
+        # Cancelled meanwhile (a DecreaseTargetSize) are left out: the ledger knows them no
+        # more, and a worker would drop them anyway.
+        wanted = [rid for rid in request_ids if inventory.ledger.create(rid) is not None]
+        controller.queue.put_new([CreateTask(request_id, group_id) for request_id in wanted])
         inventory.quota.spend(group_id, plan.creates)
-        controller.queue.put_all([CreateTask(request_id, group_id) for request_id in request_ids])
         controller.count_creates(group_id, plan.creates)
         if plan.error is not None:
             refused = inventory.ledger.refuse_creates(group_id, plan.refused, plan.error, now)
@@ -301,11 +353,59 @@ class NodeGroupView:
 
     async def delete_nodes(self, nodes: list[NodeInfo], time_left: float | None = None) -> None:
         """DeleteNodes: an OK is a promise that every server named goes, kept even if this
-        process is killed right after answering, so each DELETE reaches Nova before the
-        answer. The servers are read first: one that lost this cluster's marks refuses the
-        request whole (and leaves CA's view); then every DELETE is sent at once. A delete
-        that did not reach Nova in time is taken back (the server is counted again) and the
-        call fails, saying which; the others went, as CA expects of a failed scale-down."""
+        process is killed right after answering: the servers are marked deleting (they leave
+        the target at once) and written to the promise record before the answer; the
+        workers then send the deletes, each after a fresh read of the server (one that lost
+        this cluster's marks is never deleted, and leaves CA's view), and after a kill the
+        next holder sends them. Nothing here waits on Nova."""
+        if not self._controller.keeps_promises:
+            await self._delete_before_answering(nodes, time_left)
+            return
+        controller, group_id = self._controller, self.spec.group_id
+        inventory = controller.inventory
+        ledger = inventory.ledger
+        check_nodes(nodes)
+        pairs = [(node.name, node.provider_id) for node in nodes]
+        unregistered = _never_registered_servers(nodes, controller.cluster)
+        plan = plan_delete(controller.cluster, inventory, group_id, pairs)
+        controller.queue.ensure_room(len(plan.servers))
+        controller.check_record_room(len(plan.servers))
+        orders = ledger.accept_delete(plan, anyio.current_time())
+        if plan.servers:
+            try:
+                await controller.keep_promises(time_left)
+            except NotReady as exc:
+                for server_id in plan.servers:
+                    now = anyio.current_time()
+                    controller.carry_out(ledger.delete_not_sent(server_id, str(exc), now))
+                raise
+        controller.carry_out(orders)
+        self._tell_delete(plan, unregistered)
+        bind_contextvars(target=inventory.target_size(group_id))
+
+    def _tell_delete(self, plan: DeletePlan, unregistered: set[str]) -> None:
+        """What a DeleteNodes decided, counted and bound to the call's access line."""
+        unjoined = [server_id for server_id in plan.servers if server_id in unregistered]
+        if unjoined:
+            self._controller.count_unjoined(plan.group_id, unjoined)
+            bind_contextvars(never_registered=len(unjoined))
+        bind_contextvars(
+            servers=len(plan.servers),
+            failed_creates=len(plan.failures),
+            cancelled_creates=len(plan.cancels) + len(plan.give_ups),
+            repeats=plan.repeats + len(plan.unknown),
+        )
+
+    async def _delete_before_answering(
+        self, nodes: list[NodeInfo], time_left: float | None
+    ) -> None:
+        """DeleteNodes with no record kept outside this process (election off): an OK is
+        a promise that every server named goes, kept even if this process is killed right
+        after answering, so each DELETE reaches Nova before the answer. The servers are
+        read first: one that lost this cluster's marks refuses the request whole (and leaves
+        CA's view); then every DELETE is sent at once. A delete that did not reach Nova in
+        time is taken back (the server is counted again) and the call fails, saying which;
+        the others went, as CA expects of a failed scale-down."""
         controller, group_id = self._controller, self.spec.group_id
         inventory = controller.inventory
         check_nodes(nodes)
@@ -336,16 +436,7 @@ class NodeGroupView:
         ledger = inventory.ledger
         orders = ledger.accept_delete(plan, anyio.current_time())
         controller.carry_out(orders, sent_by_caller=set(plan.servers))
-        unjoined = [server_id for server_id in plan.servers if server_id in unregistered]
-        if unjoined:
-            controller.count_unjoined(group_id, unjoined)
-            bind_contextvars(never_registered=len(unjoined))
-        bind_contextvars(
-            servers=len(plan.servers),
-            failed_creates=len(plan.failures),
-            cancelled_creates=len(plan.cancels) + len(plan.give_ups),
-            repeats=plan.repeats + len(plan.unknown),
-        )
+        self._tell_delete(plan, unregistered)
         if plan.servers:
             left = budget - (anyio.current_time() - begun)
             await self._send_deletes(plan, gone, left)

@@ -1,11 +1,15 @@
 """Deleting servers: the fresh read of their marks, and the DELETE itself.
 
-Two callers. The workers delete what the ledger orders on its own (orphans, duplicates,
-resends), one server at a time. ``NodeGroupDeleteNodes`` sends CA's deletes itself, before it
-answers: an OK is a promise that the server goes, and a promise kept only in this process's
-memory would be lost by a kill -9 between the answer and the DELETE. So the call reads every
-server first (all of them still ours, or the request is refused whole and changes nothing),
-then sends every DELETE at once, and answers OK only for what Nova accepted.
+The workers send every delete the ledger orders (CA's, once the promise record holds them;
+orphans, duplicates, resends; an earlier holder's, after a takeover), one server at a time,
+each after a fresh read: a server that lost this cluster's marks since the listing is never
+deleted.
+
+With no record kept outside the process (election off), an OK to DeleteNodes could be kept
+only in this process's memory, lost by a kill -9 between the answer and the DELETE. There
+the call sends CA's deletes itself before it answers: it reads every server first (all of
+them still ours, or the request is refused whole and changes nothing), then sends every
+DELETE at once, and answers OK only for what Nova accepted (``read_marks``, ``send_all``).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import anyio
 from osas.cloud.errors import CloudError
 from osas.cloud.port import Cloud
 from osas.domain.ledger import DeleteOutcome
-from osas.domain.servers import OwnershipMarks
+from osas.domain.servers import OwnershipMarks, ServerRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,14 +46,25 @@ class ServerDeleter:
         self._may_write = may_write
 
     async def delete_one(self, server_id: str, group_id: str) -> DeleteOutcome:
-        """Read the server, and delete it if it is still this group's. Raises CloudError."""
-        record = await self._cloud.get_server(server_id)
-        if record is None:
+        """Read the server, and delete it if it is still this group's (and this process
+        still writes), with nothing of osas's in between. Raises CloudError."""
+        refused = DeleteOutcome.NOT_OURS
+
+        def still(record: ServerRecord) -> bool:
+            nonlocal refused
+            server = self._marks.claim(record)
+            if server is None or server.group_id != group_id:
+                refused = DeleteOutcome.NOT_OURS
+                return False
+            if not self._may_write():
+                refused = DeleteOutcome.FAILED  # not the writer (any more): never sent
+                return False
+            return True
+
+        sent = await self._cloud.delete_server_if(server_id, still)
+        if sent is None:
             return DeleteOutcome.GONE
-        server = self._marks.claim(record)
-        if server is None or server.group_id != group_id:
-            return DeleteOutcome.NOT_OURS
-        return await self._send(server_id)
+        return DeleteOutcome.SENT if sent else refused
 
     async def _send(self, server_id: str) -> DeleteOutcome:
         if not self._may_write():

@@ -33,6 +33,9 @@ _EVENT_LEVELS: dict[EventKind, int] = {
     EventKind.DELETE_NOT_SENT: logging.WARNING,
     # A person took the server out of the cluster's hands (or it never was ours): told once.
     EventKind.MARKS_LOST: logging.WARNING,
+    EventKind.CREATE_INHERITED: logging.INFO,
+    EventKind.INHERITED_CREATE_LAPSED: logging.INFO,
+    EventKind.DELETE_INHERITED: logging.INFO,
 }
 
 _DELETE_LEVELS: dict[DeleteReason, int] = {

@@ -274,6 +274,11 @@ class Workers:
 
     async def _delete(self, task: DeleteTask) -> None:
         log = logger.bind(group=task.group_id, server_id=task.server_id)
+        if not self._may_write():
+            # Released or lost the lease: a delete CA asked for is in the promise record,
+            # and the next holder sends it; osas's own are found again by its listings.
+            log.info("delete left to the next leader")
+            return
         outcome = DeleteOutcome.FAILED
         for attempt in range(self._settings.queue.delete_attempts):
             if attempt:

@@ -134,10 +134,11 @@ class CloudProviderServicer:
             ).SerializeToString(),
         )
 
-    def NodeGroupIncreaseSize(
+    async def NodeGroupIncreaseSize(
         self, request: pb.NodeGroupIncreaseSizeRequest, context: Context
     ) -> pb.NodeGroupIncreaseSizeResponse:
-        self._controller.group_to_change(request.id).increase_size(request.delta)
+        group = self._controller.group_to_change(request.id)
+        await group.increase_size(request.delta, context.time_remaining())
         return pb.NodeGroupIncreaseSizeResponse()
 
     async def NodeGroupDeleteNodes(

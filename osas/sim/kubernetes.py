@@ -34,7 +34,8 @@ store, ``pkg/registry/coordination/lease`` and ``pkg/registry/discovery/endpoint
 Watch and PATCH are not served (the election uses neither); a list takes an equality
 ``labelSelector``. Fault hooks: ``unreachable`` ("hang": requests are never answered nor
 applied, as in a partition, until it is cleared; "drop": the connection is closed without an
-answer) and ``latency`` (seconds before each request is handled). ``writes`` records every
+answer), ``cut_off`` (tokens whose requests hang so: one client partitioned, the others
+answered) and ``latency`` (seconds before each request is handled). ``writes`` records every
 applied write with the monotonic time it was applied, so that tests can order events on the
 server's side. ``service_endpoint`` plays kube-proxy: where a connection to a Service goes.
 
@@ -416,6 +417,8 @@ class KubeStandIn(BackgroundHttp):
         self._version = 0
         self._grants: dict[str, _Grant] = {DEFAULT_TOKEN: _Grant(DEFAULT_USER, None, None)}
         self.unreachable: str | None = None  # HANG or DROP
+        # Tokens whose requests hang as with HANG, the others answered: one client cut off.
+        self.cut_off: set[str] = set()
         self.latency = 0.0
         self.calls: Counter[str] = Counter()
         self.history: list[Exchange] = []
@@ -541,10 +544,11 @@ class KubeStandIn(BackgroundHttp):
             namespace, name = match.group(2), match.group(4) or ""
         verb = self._verb(method, name)
         resource = kind.plural if kind else ""
-        if self.unreachable == HANG:
+        token = authorization.partition(" ")[2]
+        if self._hangs(token):
             # Never answered nor applied; the connection is closed once the fault is cleared,
             # long after the client gave up.
-            while self.unreachable == HANG and not self.stopping.wait(0.01):
+            while self._hangs(token) and not self.stopping.wait(0.01):
                 pass
         if self.unreachable in {HANG, DROP}:
             self._exchange(verb, namespace, name, 0, resource)
@@ -561,6 +565,9 @@ class KubeStandIn(BackgroundHttp):
             status, document = refusal.code, refusal.status()
         self._exchange(verb, namespace, name, status, resource)
         return status, document
+
+    def _hangs(self, token: str) -> bool:
+        return self.unreachable == HANG or token in self.cut_off
 
     def _exchange(self, verb: str, namespace: str, name: str, status: int, resource: str) -> None:
         with self.lock:
