@@ -164,10 +164,11 @@ def takeover_section(result: TakeoverResult, machine: dict[str, str]) -> list[st
             "standby joins and the new holder is stopped with SIGTERM, as Kubernetes stops a "
             "pod; each at a moment of the standby's retry period, spread over it by round. "
             "Scale-ups held: `scale_ups_held_seconds` in the new holder's `/status` when it "
-            "first answers, and what IncreaseSize(1) got then; after a kill the new holder "
-            f"holds its headroom for `create_doubt_window` ({result.window or 'its default'}) "
-            "while creates the killed holder sent may still reach Nova, so *until scale-ups are "
-            "allowed again* is the time to answer plus that hold, not waited for. "
+            "first answers, and what IncreaseSize(1) got then. The holder is idle here, so its "
+            "promise record holds no create in flight and the new holder holds nothing (with "
+            "creates in flight it counts exactly those, each in its group: the promises "
+            "section); *until scale-ups are allowed again* is the time to answer plus any "
+            "hold. "
             f"{rounds} round{'s' * (rounds != 1)}, fresh replicas each; {machine['date']}."
         ),
         "",
@@ -192,6 +193,12 @@ def _replace_section(out: Path, begin: str, end: str, section: list[str]) -> Non
     else:
         text = f"{text.rstrip()}\n\n{body}\n"
     out.write_text(text)
+
+
+def replace_marked_section(out: Path, begin: str, end: str, section: list[str]) -> None:
+    """Write a section a measure renders itself (between ``begin`` and ``end``) into an
+    existing report, leaving the rest as it is."""
+    _replace_section(out, begin, end, section)
 
 
 def replace_takeover_section(out: Path, result: TakeoverResult, machine: dict[str, str]) -> None:
@@ -457,10 +464,11 @@ def write_report(
         "",
         (
             "Written by `osas bench` (`nox -s bench`); every figure below comes from the run that "
-            "wrote this page (the start-up, takeover, burst and CA-loop sections may come from a "
-            "later `osas bench --start-up-only`, `python -m osas.bench.takeover`, `python -m "
-            "osas.bench.burst` or `python -m osas.bench.caloop`, which rewrite their section "
-            "alone and date it; the CA-loop section also shows the runs kept before this one)."
+            "wrote this page (the start-up, takeover, promises, burst and CA-loop sections may "
+            "come from a later `osas bench --start-up-only`, `python -m osas.bench.takeover`, "
+            "`python -m osas.bench.promises`, `python -m osas.bench.burst` or `python -m "
+            "osas.bench.caloop`, which rewrite their section alone and date it; the CA-loop "
+            "section also shows the runs kept before this one)."
         ),
         "",
         (

@@ -56,8 +56,12 @@ from osas.bench.processes import (
     sim_get,
     start_osas,
 )
+from osas.bench.promises import BEGIN as PROMISES_BEGIN
+from osas.bench.promises import END as PROMISES_END
+from osas.bench.promises import measure_promises
 from osas.bench.report import (
     replace_caloop_section,
+    replace_marked_section,
     replace_startup_section,
     replace_takeover_section,
     write_report,
@@ -602,6 +606,7 @@ async def run(
         results = [await measure_size(plan, size, tls, folder) for size in plan.sizes]
         creates = await measure_creates(plan, tls, folder)
         takeover = await measure_takeover(plan.takeover_rounds, tls, folder)
+        promises = await measure_promises(tls, folder)
         burst = await measure_burst(plan.burst_rounds, tls, folder)
         save_run(out, await measure_caloop(plan.ca_loop, tls, folder, ca_loop_label))
         startup = await measure_startup(plan.rounds, tls, folder, compare_with)
@@ -616,6 +621,7 @@ async def run(
         burst,
         load_runs(out),
     )
+    replace_marked_section(out, PROMISES_BEGIN, PROMISES_END, promises)
 
 
 def run_benchmark(

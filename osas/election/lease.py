@@ -30,6 +30,7 @@ import copy
 import math
 import re
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -187,6 +188,7 @@ class _EndpointPublisher:
         host = f"[{address}]" if address.version == 6 else str(address)  # noqa: PLR2004
         self.endpoint = f"{host}:{settings.endpoint_port}"
         self.published = False  # the slice named this pod when last read or written
+        self.writes = 0  # writes of the slice that landed
         self._address = str(address)  # the canonical form, which the API wants
         self._address_type = f"IPv{address.version}"
         self._labels = {SERVICE_NAME_LABEL: settings.service_name, MANAGED_BY_LABEL: MANAGED_BY}
@@ -290,6 +292,7 @@ class _EndpointPublisher:
                 if exc.status.code not in {_CONFLICT, _NOT_FOUND}:
                     raise
                 continue  # written or deleted by someone else since it was read: read again
+            self.writes += 1
             return _Outcome(done=True, wrote=True, found=tuple(_routes(current) if current else ()))
         return _Outcome(done=False)
 
@@ -410,6 +413,8 @@ class LeaseElection:
         self._kept = 0  # the source's revision the last acknowledged write carried
         self._loop_client: AsyncClient | None = None  # the loop's, for keep_written
         self._seen_duration = float(self._duration_seconds)  # the holder's, as last read
+        # Writes that landed, by what they were for: what this osas costs the API server.
+        self._writes: Counter[str] = Counter()
 
     # -- Leadership ------------------------------------------------------------------------------
 
@@ -453,6 +458,10 @@ class LeaseElection:
             "leading": leading,
             "since": self._clock() - since if leading and since is not None else None,
             "transitions": self._transitions,
+            "writes": {
+                **self._writes,
+                **({"endpoint": self._endpoint.writes} if self._endpoint else {}),
+            },
             "service": self._endpoint.service if self._endpoint else None,
             "endpoint": (
                 self._endpoint.endpoint
@@ -484,7 +493,11 @@ class LeaseElection:
                     # Seen through once sent: an answer given up on could still land.
                     with anyio.CancelScope(shield=True):
                         return await self._renew_locked(
-                            client, lease, started, limit=max(deadline - started, 0.0)
+                            client,
+                            lease,
+                            started,
+                            limit=max(deadline - started, 0.0),
+                            kind="record",
                         )
                 except _API_FAILURES as exc:
                     self._log.warning(
@@ -733,6 +746,7 @@ class LeaseElection:
                 self._log.info("another candidate created the lease first")
             return
         self._wrote(revision)
+        self._writes["create"] += 1
         if self._leading:  # deleted under this holder, made again: a renew
             self._renewed(created, started)
         else:
@@ -763,6 +777,7 @@ class LeaseElection:
         if written is None:
             self._log.info("another candidate took the lease first")
             return
+        self._writes["take"] += 1
         self._become_leader(written, started, previous)
 
     async def _renew(self, client: AsyncClient, started: float) -> bool:
@@ -775,7 +790,12 @@ class LeaseElection:
             return await self._renew_locked(client, lease, started)
 
     async def _renew_locked(
-        self, client: AsyncClient, lease: Lease, started: float, limit: float | None = None
+        self,
+        client: AsyncClient,
+        lease: Lease,
+        started: float,
+        limit: float | None = None,
+        kind: str = "renew",
     ) -> bool:
         spec = lease.spec or LeaseSpec()
         now = _micro(self._wall_clock())
@@ -785,6 +805,7 @@ class LeaseElection:
         written = await self._write(client, lease, new_spec, limit=limit)
         if written is None:
             return False
+        self._writes[kind] += 1
         if not self._stopping:  # a release won the race: this holder no longer leads
             self._renewed(written, started)
         return True
@@ -938,6 +959,7 @@ class LeaseElection:
             async with self._writing:
                 written = await self._write(client, lease, released, annotations)
             if written is not None:
+                self._writes["release"] += 1
                 self._written = None
                 self._log.info("lease released")
                 return
