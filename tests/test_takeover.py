@@ -22,6 +22,7 @@ from typing import Any
 
 import grpc
 import pytest
+from fake_cloud import FakeCloud
 from support import (
     CLUSTER,
     NovaWatch,
@@ -33,10 +34,13 @@ from support import (
     free_port,
     increase_once_allowed,
     kept,
+    make_config,
+    running,
     write_config,
 )
 
-from osas.domain.servers import META_GROUP
+from osas.domain.promises import RECORD_CAPACITY
+from osas.domain.servers import META_CLUSTER, META_GROUP, TAG_CLUSTER_PREFIX
 from osas.election.port import lease_name_for
 from osas.sim import SimulatedOpenStack
 from osas.sim.kubernetes import KubeStandIn
@@ -588,3 +592,53 @@ async def test_a_rollout_with_a_create_in_flight_breaks_cas_loop_for_under_two_s
             assert service(kube) == second.address
             assert second.stop() == 0
     assert failing <= 2.0
+
+
+async def test_a_full_promise_record_refuses_whole_and_promises_nothing(tmp_path):
+    """The record is bounded (2,000 entries, well inside Kubernetes' 256 KiB of annotations):
+    a call that would pass the bound is refused, RESOURCE_EXHAUSTED, with nothing promised;
+    with room again, the same call is accepted. And a record that cannot be written (the API
+    out of reach) fails the call, UNAVAILABLE, with its creates taken back."""
+    with KubeStandIn() as kube:
+        nova = FakeNova()
+        for index in range(3):
+            nova.seed(
+                name=f"{CLUSTER}-workers-{index}",
+                metadata={META_CLUSTER: CLUSTER, META_GROUP: "workers"},
+                tags=[f"{TAG_CLUSTER_PREFIX}{CLUSTER}"],
+            )
+        config = make_config(
+            tmp_path,
+            leader_election={
+                "enabled": True,
+                "kubeconfig": str(kube.write_kubeconfig(tmp_path / "kubeconfig")),
+                "lease_namespace": NAMESPACE,
+                "lease_duration": "5s",
+                "renew_deadline": "3s",
+                "retry_period": "0.2s",
+            },
+        )
+        async with running(config, FakeCloud(nova)) as provider:
+            ledger = provider.app.inventory.ledger
+            filler = ledger.accept_creates("gpu", RECORD_CAPACITY - 1, 0.0)
+            async with ca_client(provider.address) as ca:
+                target = await ca.target_size("workers")
+                assert "promise record is full" in await expect_status(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED, ca.increase("workers", 2)
+                )
+                (first, *_) = kept(await ca.nodes("workers"))
+                await ca.delete("workers", [("n0", first.id)])  # one more fits: the last
+                assert "promise record is full" in await expect_status(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED, ca.increase("workers", 1)
+                )
+                assert await ca.target_size("workers") == target - 1
+                ledger.withdraw_creates(filler)
+                kube.unreachable = "hang"
+                assert "promise record could not be written" in await expect_status(
+                    grpc.StatusCode.UNAVAILABLE, ca.increase("workers", 1)
+                )
+                assert await ca.target_size("workers") == target - 1  # taken back
+                kube.unreachable = None
+                await eventually(provider.app.leadership.may_write, what="renewed")
+                await ca.increase("workers", 1)
+                assert await ca.target_size("workers") == target

@@ -488,23 +488,34 @@ class LeaseElection:
                 client, lease = self._loop_client, self._written
                 if client is None or lease is None or not self.may_write():
                     return False
-                started = self._clock()
                 try:
                     # Seen through once sent: an answer given up on could still land.
                     with anyio.CancelScope(shield=True):
-                        return await self._renew_locked(
-                            client,
-                            lease,
-                            started,
-                            limit=max(deadline - started, 0.0),
-                            kind="record",
-                        )
+                        return await self._keep_written_locked(client, lease, deadline)
                 except _API_FAILURES as exc:
                     self._log.warning(
                         "promise record not written; the call is refused", error=_describe(exc)
                     )
                     return False
         return self._kept >= revision
+
+    async def _keep_written_locked(
+        self, client: AsyncClient, lease: Lease, deadline: float
+    ) -> bool:
+        """A renew carrying the record; on a Conflict (a write of this holder's that timed out
+        and landed later, say) the Lease is read again and, still this holder's, written once
+        more within the deadline."""
+        started = self._clock()
+        limit = max(deadline - started, 0.0)
+        if await self._renew_locked(client, lease, started, limit=limit, kind="record"):
+            return True
+        fresh = await self._get(client, max(deadline - self._clock(), 0.0))
+        holder = fresh.spec.holderIdentity if fresh is not None and fresh.spec else None
+        if fresh is None or holder != self._identity or not self.may_write():
+            return False  # the loop sorts out what happened to the Lease
+        started = self._clock()
+        limit = max(deadline - started, 0.0)
+        return await self._renew_locked(client, fresh, started, limit=limit, kind="record")
 
     async def run_election(self) -> None:
         self._log.info("leader election started")
@@ -864,12 +875,13 @@ class LeaseElection:
         if revision is not None:
             self._kept = max(self._kept, revision)
 
-    async def _get(self, client: AsyncClient) -> Lease | None:
+    async def _get(self, client: AsyncClient, limit: float | None = None) -> Lease | None:
         try:
             return await self._request(
                 client.get(
                     Lease, self._settings.lease_name, namespace=self._settings.lease_namespace
-                )
+                ),
+                limit,
             )
         except ApiError as exc:
             if exc.status.code == _NOT_FOUND:

@@ -122,8 +122,10 @@ class Controller:
 
     def check_record_room(self, count: int) -> None:
         """Refuse, with nothing changed, a call whose promises the record has no room for."""
+        if not self.keeps_promises or not count:
+            return  # nothing kept outside this process: nothing to bound
         held = len(self.inventory.ledger.promises())
-        if count and held + count > RECORD_CAPACITY:
+        if held + count > RECORD_CAPACITY:
             raise Overloaded(
                 f"the promise record is full ({held} of {RECORD_CAPACITY} creates and deletes "
                 f"not yet confirmed by a listing); no room for {count} more"
