@@ -72,6 +72,12 @@ class FakeCloud:
     ) -> AsyncIterator[ServerListing]:
         yield await self.list_servers(tag, changes_since=changes_since)
 
+    async def list_building(self, tag: str) -> ServerListing:
+        await self._call()
+        with self.nova.lock:
+            servers = self.nova.list_servers(tags=[tag], status="BUILD")
+            return ServerListing([server.record() for server in servers], None)
+
     async def list_changes(self, since: datetime) -> ServerListing:
         await self._call()
         return self._listing([], since)

@@ -2582,3 +2582,16 @@ def test_a_description_that_passed_is_not_read_again_and_a_new_one_is():
     assert _ReadCounted.walks == walked  # the same description: not read again
     checked.check(NodeInfo("n0", "openstack:///x", labels, {}))  # no fingerprint: read
     assert _ReadCounted.walks > walked
+
+
+def test_a_server_answered_and_read_gone_before_any_listing_showed_it_leaves_view():
+    """A server Nova answered for, deleted while Nova still scheduled it (no DELETED row for
+    changes-since): an incremental sync that reads it gone gives its create up at once,
+    rather than wait for a complete listing to miss it."""
+    inv = inventory()
+    request_id, made = created(inv)
+    assert inv.target_size("workers") == 1
+    orders = changes(inv, [], [made.server_id], now=101.0)
+    assert orders.count(EventKind.CREATE_VANISHED) == 1
+    assert inv.target_size("workers") == 0
+    assert inv.ledger.create(request_id) is None

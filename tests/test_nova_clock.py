@@ -187,3 +187,47 @@ async def test_novas_clock_sent_back_loses_no_change(tmp_path):
     assert len(jumps) == 1
     assert provider.app.reconciler.status.clock_jumps == 1
     assert BIG["id"] == "big"
+
+
+async def test_a_server_deleted_while_nova_schedules_it_leaves_cas_view_within_one_sync(
+    tmp_path,
+):
+    """Issue 31, problem 6: a server deleted while Nova is still scheduling it can leave no
+    DELETED row for changes-since (no instance was ever made: seen on real Nova), so it stayed
+    in CA's view until the next complete listing (30 minutes), and CA deleted it as
+    unregistered after max-node-provision-time. Each incremental sync reads the servers still
+    building again: it leaves within one, and the one that finished building meanwhile is
+    seen running."""
+    with SimulatedOpenStack(FakeNova(build_seconds=None, delete_seconds=0.1)) as sim:
+        sim.nova.faults.deletes_while_scheduling_vanish = True
+        provider = Provider(big_config(tmp_path, reconcile=INCREMENTAL_ONLY), cloud_for(sim))
+        await provider.start()
+        try:
+            async with ca_client(provider.address) as ca:
+                await ca.increase("big", 2)
+                await eventually(lambda: len(ours(sim)) == 2, what="two servers")
+                creating = pb.InstanceStatus.instanceCreating
+
+                async def both_building() -> bool:
+                    found = states(await ca.nodes("big"))
+                    return len(found) == 2 and set(found.values()) == {creating}
+
+                await until(both_building, "both building in CA's view", ONE_SYNC)
+                doomed, kept_one = (server.server_id for server in ours(sim))
+                assert sim.nova.delete_server(doomed)  # by hand, while it is scheduling
+                assert sim.nova.find_server(doomed) is None  # no row left at all
+
+                async def gone() -> bool:
+                    return f"openstack:///{doomed}" not in states(await ca.nodes("big"))
+
+                await until(gone, "the deleted server out of CA's view", ONE_SYNC)
+                assert await ca.target_size("big") == 1
+                sim.nova.activate()  # the other finishes building
+
+                async def running() -> bool:
+                    found = states(await ca.nodes("big"))
+                    return found == {f"openstack:///{kept_one}": pb.InstanceStatus.instanceRunning}
+
+                await until(running, "the other running", ONE_SYNC)
+        finally:
+            await provider.stop()

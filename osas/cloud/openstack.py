@@ -883,14 +883,18 @@ class OpenStackCloud:
         return await self._call(check)
 
     async def list_servers(
-        self, tag: str | None, *, changes_since: datetime | None = None
+        self,
+        tag: str | None,
+        *,
+        changes_since: datetime | None = None,
+        status: str | None = None,
     ) -> ServerListing:
         # Nova may show a server twice across pages while builds are in flight: keep one
         # record per id (the later one, which is the newer view).
         records: dict[str, ServerRecord] = {}
         nova_time: datetime | None = None
         first = True
-        async for page in self.list_server_pages(tag, changes_since=changes_since):
+        async for page in self.list_server_pages(tag, changes_since=changes_since, status=status):
             if first:
                 nova_time, first = page.nova_time, False
             records.update((record.server_id, record) for record in page.records)
@@ -899,11 +903,20 @@ class OpenStackCloud:
     async def list_changes(self, since: datetime) -> ServerListing:
         return await self.list_servers(None, changes_since=since)
 
+    async def list_building(self, tag: str) -> ServerListing:
+        return await self.list_servers(tag, status="BUILD")
+
     async def list_server_pages(
-        self, tag: str | None, *, changes_since: datetime | None = None
+        self,
+        tag: str | None,
+        *,
+        changes_since: datetime | None = None,
+        status: str | None = None,
     ) -> AsyncIterator[ServerListing]:
         # No `limit`: Nova pages at its [api] max_limit and links the next page.
         first: dict[str, str] = {} if tag is None else {"tags": tag}
+        if status is not None:
+            first["status"] = status
         if changes_since is not None:
             # Whole seconds: Nova's `updated` has no fraction, and a fraction in the filter
             # could step over a change made within the same second.

@@ -76,6 +76,10 @@ class Cloud(Protocol):
         of its own answer."""
         ...
 
+    async def list_building(self, tag: str) -> ServerListing:
+        """Servers carrying ``tag`` that Nova shows building (``status=BUILD``)."""
+        ...
+
     async def list_changes(self, since: datetime) -> ServerListing:
         """Every server of the project updated since ``since`` (Nova's clock), deleted ones
         included: Nova lists deleted servers under ``changes-since`` only without a tag

@@ -774,7 +774,7 @@ class Ledger:
         orders: _Draft,
     ) -> Orders:
         self._settle_deletions(diff, generation, now, full=full, gone=gone, orders=orders)
-        self._settle_creates(generation, now, full=full, orders=orders)
+        self._settle_creates(generation, now, full=full, gone=gone, orders=orders)
         # Only what this listing brought can be an orphan, a duplicate or a stray: a request is
         # given up only while no server of it is listed, so earlier servers were checked when
         # they came (the first listing brings them all).
@@ -827,7 +827,9 @@ class Ledger:
                 self._removed[ids.format(server_id)] = now
                 orders.event(EventKind.SERVER_DELETED, mark.group_id, server_id=server_id)
 
-    def _settle_creates(self, generation: int, now: float, *, full: bool, orders: _Draft) -> None:
+    def _settle_creates(
+        self, generation: int, now: float, *, full: bool, gone: set[str], orders: _Draft
+    ) -> None:
         for create in list(self._creates.values()):
             if create.state is CreateState.FAILED:
                 continue  # a server of it, if one turns up, is an orphan
@@ -854,12 +856,12 @@ class Ledger:
                     ErrorClass.OTHER,
                 )
                 self._fail(create, error, orders, kind=EventKind.CREATE_GIVEN_UP)
-            elif (
-                create.state is CreateState.CREATED
-                and full
-                and generation > create.answered_generation
+            elif create.state is CreateState.CREATED and (
+                (full and generation > create.answered_generation) or create.server_id in gone
             ):
-                # Listed after Nova answered, yet absent: deleted behind osas's back.
+                # Listed after Nova answered, yet absent, or read and found gone: deleted
+                # behind osas's back (while Nova was still scheduling it, it may leave no
+                # DELETED row for changes-since).
                 self._give_up(create, now)
                 if create.server_id is not None:
                     self._removed[self._cluster.provider_ids.format(create.server_id)] = now

@@ -71,6 +71,8 @@ class Snapshot:
     _flavors: dict[str, Flavor] = field(default_factory=dict)
     # Per group, the listed servers Nova is not deleting.
     _counted: dict[str, int] = field(default_factory=dict)
+    # Ids of servers listed BUILD: few, and read again by every incremental sync.
+    _building: set[str] = field(default_factory=set)
     listed_at: float | None = None  # when the last listing was applied; None before the first
     flavors_version: int = 0  # bumped whenever a group's flavor changes
 
@@ -94,6 +96,10 @@ class Snapshot:
 
     def of_group(self, group_id: str) -> Iterable[Server]:
         return self._by_group.get(group_id, {}).values()
+
+    def building(self) -> list[str]:
+        """Ids of the servers last listed BUILD."""
+        return list(self._building)
 
     def named(self, name: str) -> list[Server]:
         return [self._servers[server_id] for server_id in _ids(self._by_name.get(name))]
@@ -185,6 +191,8 @@ class Snapshot:
             request_id = server.request_id
             self._by_request[request_id] = _with(self._by_request.get(request_id), server_id)
         self._count(server, +1)
+        if server.status == "BUILD":
+            self._building.add(server_id)
         self._touch(group_id)
 
     def _remove(self, server: Server) -> None:
@@ -198,6 +206,7 @@ class Snapshot:
         if server.request_id:
             _drop(self._by_request, server.request_id, server_id)
         self._count(server, -1)
+        self._building.discard(server_id)
         self._touch(server.group_id)
 
 

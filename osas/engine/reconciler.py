@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Container, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
@@ -72,6 +72,15 @@ async def _turns(items: Sequence[T], size: int) -> AsyncIterator[Sequence[T]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
         await anyio.lowlevel.checkpoint()
+
+
+@dataclass(slots=True)
+class _BuildingRead:
+    """What reading the building servers again found."""
+
+    changed: list[Server] = field(default_factory=list)
+    gone: list[str] = field(default_factory=list)
+    unowned: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -437,12 +446,56 @@ class Reconciler:
                     gone.append(record.server_id)  # its tags and metadata went with it
                 else:
                     unowned.append(record.server_id)  # a mark changed by hand
+        listed = {record.server_id for record in listing.records}
+        # Listed building, or answered by Nova and never listed yet: both may be deleted
+        # while Nova still schedules them.
+        building = [sid for sid in snapshot.building() if sid not in listed]
+        building += [sid for sid in self._ledger.created_unlisted(snapshot) if sid not in listed]
+        if building:
+            read = await self._read_building(building)
+            changed += read.changed
+            gone += read.gone
+            unowned += read.unowned
         self.problems.observe(changed)
         orders = self._ledger.settle_changes(
             generation, changed, gone, self._clock(), unowned=unowned
         )
         self._since_for_next(listing.nova_time or newest_update(listing), wall_before)
         return orders
+
+    async def _read_building(self, server_ids: list[str]) -> _BuildingRead:
+        """The servers listed BUILD that changes-since did not show, read again: a server
+        deleted while Nova was still scheduling it can leave no DELETED row (no instance was
+        ever made), and would otherwise stay in CA's view until the next complete listing.
+        One tagged listing of what Nova shows building, then a GET for each that it no longer
+        shows (it finished building meanwhile, or it is gone). Building servers are few; a
+        failure here is left to the next sync, never fails this one."""
+        found = _BuildingRead()
+        try:
+            listing = await self._cloud.list_building(self._marks.cluster_tag)
+        except CloudError as exc:
+            logger.debug("building servers not read again", error=str(exc))
+            return found
+        wanted = set(server_ids)
+        shown = {record.server_id for record in listing.records}
+        for record in listing.records:
+            server = self._marks.claim(record)
+            if server is not None and record.server_id in wanted:
+                found.changed.append(server)
+        for server_id in [sid for sid in server_ids if sid not in shown]:
+            try:
+                fresh = await self._cloud.get_server(server_id)
+            except CloudError as exc:
+                logger.debug("building server not read again", server_id=server_id, error=str(exc))
+                continue
+            server = None if fresh is None else self._marks.claim(fresh)
+            if fresh is None or fresh.status == "DELETED":
+                found.gone.append(server_id)
+            elif server is None:
+                found.unowned.append(server_id)
+            else:
+                found.changed.append(server)
+        return found
 
     def want_flavors(self, group_ids: Iterable[str]) -> None:
         """Fetch these groups' flavors at the next sync (a reload could not)."""

@@ -150,6 +150,9 @@ class Faults:
     skipped_servers: int = 0  # next listing pages leave out their first server (Nova can)
     ports_exceeded: int = 0  # next creates refused with 403 "Maximum number of ports exceeded"
     max_servers: int | None = None  # the project's instance quota
+    # A server deleted while Nova is still scheduling it vanishes whole, leaving no DELETED
+    # row for changes-since (real Nova deletes the build request; no instance ever existed).
+    deletes_while_scheduling_vanish: bool = False
     # A rate limit in front of the API (as public clouds run one), per second: above it the
     # request is answered 429 with Retry-After and never reaches Nova. 0 is no limit.
     create_rate: float = 0.0  # server creates (POST /servers)
@@ -638,6 +641,15 @@ class FakeNova:
         server = self._servers.get(server_id)
         if server is None or server.status == "DELETED":
             return False
+        if (
+            self.faults.deletes_while_scheduling_vanish
+            and server.status == "BUILD"
+            and server.task_state == SCHEDULING
+        ):
+            del self._servers[server_id]
+            self._unsettled.pop(server_id, None)
+            self._listing_order = None
+            return True
         if server.deleting_since is None:
             server.deleting_since = self._base_clock()
             server.task_state = "deleting"

@@ -374,3 +374,27 @@ async def test_a_mark_removed_by_hand_is_seen_by_the_complete_listing(
     # Still in Nova, running, with no delete on its way.
     final = conn.compute.get_server(edited)
     assert (final.status, final.task_state) == ("ACTIVE", None)
+
+
+# -- a server deleted while Nova still schedules it --------------------------------------------
+
+
+async def test_a_server_deleted_while_scheduling_leaves_the_inventory_in_one_sync(
+    operator, osas_cloud, tmp_path
+):
+    """Issue 31, problem 6: a server deleted right after its create, while Nova still
+    schedules it, can leave no DELETED row for ``changes-since`` (the build request is
+    deleted; no instance was ever made in a cell), so an incremental sync never saw it go
+    and it stayed in CA's view until the next complete listing. Each incremental sync reads
+    the servers still building again: it leaves within one."""
+    conn = operator.conn
+    osas = osas_on(osas_cloud, tmp_path)
+    doomed = operator.boot(osas, "scheduling-0")
+    await osas.reconciler.reconcile_once(full=True)
+    shown = osas.inventory.server(doomed)
+    assert shown is not None
+    assert shown.status == "BUILD"
+    conn.compute.delete_server(doomed)
+    wait_for(lambda: conn.compute.find_server(doomed) is None, "the delete")
+    await osas.reconciler.reconcile_once(full=False)
+    assert osas.inventory.server(doomed) is None
