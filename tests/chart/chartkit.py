@@ -79,14 +79,29 @@ def notes(rendered: dict[str, str]) -> str:
     return next(text for path, text in rendered.items() if path.endswith("NOTES.txt"))
 
 
+# Kinds the chart renders only where the cluster has them (the admission policies: from 1.30,
+# which the chart checks), validated from that version on.
+SINCE = {
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"): "1.30.0",
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"): "1.30.0",
+}
+
+
 def validate(obj: dict[str, Any]) -> None:
-    """Raise if ``obj`` is not valid for every Kubernetes version the chart supports."""
+    """Raise if ``obj`` is not valid for every Kubernetes version the chart supports (that has
+    its kind)."""
     schema = SCHEMAS.get((obj["apiVersion"], obj["kind"]))
     if schema is not None:
         jsonschema.validate(obj, schema)
         return
-    for version in KUBE_VERSIONS:
+    since = SINCE.get((obj["apiVersion"], obj["kind"]))
+    versions = [v for v in KUBE_VERSIONS if since is None or _newer(v, since)] or [since]
+    for version in versions:
         kubernetes_validate.validate(obj, version, strict=True)
+
+
+def _newer(version: str, than: str) -> bool:
+    return tuple(map(int, version.split("."))) >= tuple(map(int, than.split(".")))
 
 
 def find(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:

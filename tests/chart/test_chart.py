@@ -536,6 +536,8 @@ def test_defaults_render_the_expected_objects(rendered):
         "Service",
         "Service",
         "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ]
     names = {(o["kind"], o["metadata"]["name"]) for o in objects}
     assert ("Secret", "osas-ca-cloud-config") in names

@@ -1,0 +1,245 @@
+"""The admission policies the chart ships with osas's grants, their CEL evaluated as the API
+server evaluates them (cel-python) against the requests osas's token makes and those a stolen
+token could make (issue 32): osas's own EndpointSlice and Lease are admitted; a slice for
+another Service, its own slice relabelled for another Service and another component's Lease are
+denied; nobody else's requests are judged at all."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import celpy
+import pytest
+from chartkit import chart_copy, documents, find, render_files
+
+NAMESPACE = "kube-system"
+OSAS = "system:serviceaccount:kube-system:osas"
+
+
+@pytest.fixture(scope="module")
+def objects(tmp_path_factory) -> list[dict[str, Any]]:
+    chart: Path = chart_copy(tmp_path_factory.mktemp("chart"))
+    return documents(render_files(chart, {"config": {"cluster_name": "prod"}}))
+
+
+def _program(expression: str) -> celpy.Runner:
+    environment = celpy.Environment()
+    return environment.program(environment.compile(expression))
+
+
+def admitted(policy: dict[str, Any], request: dict[str, Any], obj: dict[str, Any]) -> bool:
+    """The policy's verdict, as the API server reaches it: the match conditions first (a
+    request they do not match is not judged), then every validation; an error fails closed
+    (failurePolicy Fail)."""
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    activation = {"request": celpy.json_to_cel(request), "object": celpy.json_to_cel(obj)}
+    for condition in spec["matchConditions"]:
+        if not _program(condition["expression"]).evaluate(activation):
+            return True
+    for validation in spec["validations"]:
+        verdict = _program(validation["expression"]).evaluate(activation)
+        if not isinstance(verdict, celpy.celtypes.BoolType) or not verdict:
+            return False
+    return True
+
+
+def request(
+    resource: str, name: str, *, namespace: str = NAMESPACE, user: str = OSAS, update: bool = False
+) -> dict[str, Any]:
+    group = {"endpointslices": "discovery.k8s.io", "leases": "coordination.k8s.io"}[resource]
+    return {
+        "operation": "UPDATE" if update else "CREATE",
+        "name": name,
+        "namespace": namespace,
+        "resource": {"group": group, "version": "v1", "resource": resource},
+        "userInfo": {"username": user},
+    }
+
+
+def endpoint_slice(name: str, service: str | None) -> dict[str, Any]:
+    labels = {"endpointslice.kubernetes.io/managed-by": "osas.openstack.org"}
+    if service is not None:
+        labels["kubernetes.io/service-name"] = service
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": ["10.0.0.9"]}],
+    }
+
+
+def lease(name: str, namespace: str = NAMESPACE) -> dict[str, Any]:
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"holderIdentity": "osas-0", "leaseDurationSeconds": 3600},
+    }
+
+
+# Each case: what it is, the request, the object, whether it is admitted.
+CASES = [
+    (
+        "its own slice",
+        request("endpointslices", "osas-leader"),
+        endpoint_slice("osas-leader", "osas"),
+        True,
+    ),
+    (
+        "its own slice, updated",
+        request("endpointslices", "osas-leader", update=True),
+        endpoint_slice("osas-leader", "osas"),
+        True,
+    ),
+    (
+        "a slice for kube-dns",
+        request("endpointslices", "osas-leader-dns"),
+        endpoint_slice("osas-leader-dns", "kube-dns"),
+        False,
+    ),
+    (
+        "a slice for kube-dns under its own slice's name",
+        request("endpointslices", "osas-leader"),
+        endpoint_slice("osas-leader", "kube-dns"),
+        False,
+    ),
+    (
+        "its own slice relabelled for kube-dns",
+        request("endpointslices", "osas-leader", update=True),
+        endpoint_slice("osas-leader", "kube-dns"),
+        False,
+    ),
+    (
+        "its own slice without the label",
+        request("endpointslices", "osas-leader"),
+        endpoint_slice("osas-leader", None),
+        False,
+    ),
+    (
+        "its own slice in another namespace",
+        request("endpointslices", "osas-leader", namespace="default"),
+        endpoint_slice("osas-leader", "osas"),
+        False,
+    ),
+    ("its own Lease", request("leases", "osas-prod"), lease("osas-prod"), True),
+    (
+        "its own Lease, renewed",
+        request("leases", "osas-prod", update=True),
+        lease("osas-prod"),
+        True,
+    ),
+    (
+        "CA's own leader Lease",
+        request("leases", "cluster-autoscaler"),
+        lease("cluster-autoscaler"),
+        False,
+    ),
+    (
+        "its Lease's name in another namespace",
+        request("leases", "osas-prod", namespace="default"),
+        lease("osas-prod", "default"),
+        False,
+    ),
+    (
+        "kube-controller-manager writing a slice for kube-dns: not osas, not judged",
+        request(
+            "endpointslices",
+            "kube-dns-abcde",
+            user="system:serviceaccount:kube-system:endpointslice-controller",
+        ),
+        endpoint_slice("kube-dns-abcde", "kube-dns"),
+        True,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("req", "obj", "expected"),
+    [case[1:] for case in CASES],
+    ids=[case[0] for case in CASES],
+)
+def test_the_policy_admits_osas_its_own_objects_alone(objects, req, obj, expected):
+    policy = find(objects, "ValidatingAdmissionPolicy")
+    assert admitted(policy, req, obj) is expected
+
+
+def test_the_policy_is_bound_to_deny_and_covers_every_write_osas_may_make(objects):
+    policy = find(objects, "ValidatingAdmissionPolicy")
+    binding = find(objects, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    rules = {
+        (rule["apiGroups"][0], rule["resources"][0]): set(rule["operations"])
+        for rule in policy["spec"]["matchConstraints"]["resourceRules"]
+    }
+    # Every resource osas may create or update (the chart's Roles), with both operations.
+    granted = {
+        (group, resource)
+        for role in (o for o in objects if o["kind"] == "Role")
+        for rule in role["rules"]
+        if {"create", "update"} & set(rule["verbs"])
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    assert set(rules) == granted
+    assert all(operations == {"CREATE", "UPDATE"} for operations in rules.values())
+
+
+def test_without_election_there_is_no_grant_and_no_policy(tmp_path):
+    chart = chart_copy(tmp_path)
+    values = {"replicaCount": 1, "config": {"leader_election": {"enabled": False}}}
+    objects = documents(render_files(chart, values))
+    kinds = {o["kind"] for o in objects}
+    assert not kinds & {"Role", "RoleBinding", "ValidatingAdmissionPolicy"}
+
+
+def _grants_table() -> list[dict[str, str]]:
+    """The rows of docs/security.md's table of every grant."""
+    text = (Path(__file__).parent.parent.parent / "docs" / "security.md").read_text()
+    section = text.split("### Every grant of osas's ServiceAccount", 1)[1]
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    return [
+        dict(zip(header, (cell.strip() for cell in line.strip("|").split("|")), strict=True))
+        for line in lines[2:]
+    ]
+
+
+def test_the_grants_are_those_docs_security_lists(objects):
+    """Every verb on every resource the Roles grant, with the names RBAC narrows it to and
+    the names the policy admits, is a row of the table, and every row is granted."""
+    names = {"<lease>": "osas-prod", "<slice>": "osas-leader", "any": None}
+    granted = {
+        (
+            group,
+            resource,
+            frozenset(rule["verbs"]),
+            tuple(rule.get("resourceNames", [])) or None,
+        )
+        for role in (o for o in objects if o["kind"] == "Role")
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    listed = {
+        (
+            row["API group"],
+            row["resource"],
+            frozenset(verb.strip() for verb in row["verbs"].split(",")),
+            None
+            if names[row["names (RBAC)"].strip("`")] is None
+            else (names[row["names (RBAC)"].strip("`")],),
+        )
+        for row in _grants_table()
+    }
+    assert granted == listed
+    policy = find(objects, "ValidatingAdmissionPolicy")
+    expressions = " ".join(v["expression"] for v in policy["spec"]["validations"])
+    for row in _grants_table():
+        admitted_name = row["admitted (policy)"].split("`")[1]
+        assert f"'{names[admitted_name]}'" in expressions
