@@ -11,7 +11,8 @@ from typing import Any
 
 import celpy
 import pytest
-from chartkit import chart_copy, documents, find, render_files
+import yaml
+from chartkit import chart_copy, documents, find, render_files, validate
 
 NAMESPACE = "kube-system"
 OSAS = "system:serviceaccount:kube-system:osas"
@@ -243,3 +244,20 @@ def test_the_grants_are_those_docs_security_lists(objects):
     for row in _grants_table():
         admitted_name = row["admitted (policy)"].split("`")[1]
         assert f"'{names[admitted_name]}'" in expressions
+
+
+def test_the_metadata_service_example_of_docs_install_is_a_valid_policy_that_excepts_it():
+    """docs/install.md's NetworkPolicy keeping pods from the metadata service (where the join
+    token is served): valid for every Kubernetes the chart supports, every pod of its
+    namespace selected, egress anywhere but 169.254.169.254."""
+    text = (Path(__file__).parent.parent.parent / "docs" / "install.md").read_text()
+    section = text.split("### The metadata service hands user data to every process", 1)[1]
+    policy = yaml.safe_load(section.split("```yaml", 1)[1].split("```", 1)[0])
+    validate(policy)
+    assert policy["kind"] == "NetworkPolicy"
+    assert policy["spec"]["podSelector"] == {}
+    assert policy["spec"]["policyTypes"] == ["Egress"]
+    (rule,) = policy["spec"]["egress"]
+    blocks = [peer["ipBlock"] for peer in rule["to"]]
+    assert {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]} in blocks
+    assert all(block.get("except") or block["cidr"] != "0.0.0.0/0" for block in blocks)
