@@ -420,9 +420,9 @@ class App:
                 await self.cloud.close()
         if self.lease_lost:
             raise LeaseLost(
-                "lost the leader lease (another osas took it, or the Kubernetes API was out of "
-                "reach for renew_deadline): writes stopped first; restarted, osas stands by "
-                "until the Lease is free"
+                "lost the leader lease (another osas took it or made it anew, or the "
+                "Kubernetes API was out of reach for renew_deadline): writes stopped; "
+                "restarted, osas stands by until the Lease is free"
             )
 
     async def _start_serving(self, background: anyio.abc.TaskGroup) -> None:

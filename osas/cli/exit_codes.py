@@ -104,7 +104,7 @@ _MEANINGS: tuple[tuple[int, tuple[str, ...], str], ...] = (
         ("serve",),
         (
             "lost the leader lease (another osas took it, or the Kubernetes API was out of reach "
-            "for renew_deadline); it stopped writing first, and a restart makes it a standby"
+            "for renew_deadline); it stopped writing, and a restart makes it a standby"
         ),
     ),
     (EXIT_INTERRUPTED, COMMANDS, "interrupted (Ctrl-C) before it was done"),
