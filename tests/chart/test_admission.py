@@ -9,9 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import celpy
 import pytest
 import yaml
+
+pytest.importorskip("helm_python", reason="chart tests run in their own venv: nox -s chart")
+pytest.importorskip("celpy", reason="chart tests run in their own venv: nox -s chart")
+
+import celpy
 from chartkit import chart_copy, documents, find, render_files, validate
 
 NAMESPACE = "kube-system"
