@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
 
 import pytest
+import structlog
 from fake_cloud import FakeCloud
 from support import CLUSTER, Provider, eventually, make_config, nodes, provider_id, running
 
 from osas.cloud.errors import CloudUnavailable
+from osas.cloud.port import ServerListing
 from osas.domain.errors import NotReady, PreconditionFailed
 from osas.domain.inventory import InstanceState
 from osas.domain.limits import NodeInfo
-from osas.domain.servers import META_CLUSTER, META_GROUP, TAG_CLUSTER_PREFIX
-from osas.sim.model import FakeNova
+from osas.domain.servers import META_CLUSTER, META_GROUP, TAG_CLUSTER_PREFIX, ServerRecord
+from osas.sim.model import SCHEDULING, FakeNova
 
 TAG = f"{TAG_CLUSTER_PREFIX}{CLUSTER}"
 
@@ -96,6 +99,138 @@ async def test_servers_deleted_behind_our_back_vanish_at_the_next_incremental_sy
         await provider.sync(full=False)  # untagged changes-since shows it DELETED
         assert provider.app.inventory.server(gone) is None
         assert provider.app.controller.group("workers").target_size() == 1
+
+
+def building(nova: FakeNova, name: str) -> str:
+    """One of ours in BUILD, still scheduling, as a create leaves it."""
+    server = nova.seed(
+        name=name, metadata={META_CLUSTER: CLUSTER, META_GROUP: "workers"}, tags=[TAG]
+    )
+    server.status, server.task_state = "BUILD", SCHEDULING
+    return server.server_id
+
+
+async def quiet(provider: Provider, nova: FakeNova) -> None:
+    """Nova's clock an hour on, and one incremental sync: from here ``changes-since`` shows
+    only what Nova stamps later (the overlap no longer brings back the seeded servers), so
+    only the reads of building servers can see a server vanish."""
+    nova.clock_offset = 3600.0
+    await provider.sync(full=False)
+
+
+async def test_a_server_deleted_while_scheduling_vanishes_at_the_next_incremental_sync(tmp_path):
+    """Issue 31, problem 6: real Nova leaves no DELETED row for a server deleted while it
+    still schedules it, so ``changes-since`` never shows it go, and it stayed in CA's view
+    until the next complete listing. Each incremental sync reads the servers still building
+    again: one tagged BUILD listing, a GET only for one it no longer shows; none of either
+    when nothing builds."""
+    nova = FakeNova()  # BUILD until activated
+    nova.faults.deletes_while_scheduling_vanish = True
+    doomed = building(nova, "doomed")
+    kept = building(nova, "kept")
+    async with running(make_config(tmp_path), FakeCloud(nova)) as provider:
+        app = provider.app
+        view = app.controller.group("workers")
+        assert view.target_size() == 2
+        await quiet(provider, nova)
+
+        def calls() -> tuple[int, int]:
+            return nova.calls["servers.list"], nova.calls["servers.get"]
+
+        lists, gets = calls()
+        await provider.sync(full=False)
+        assert calls() == (lists + 2, gets)  # changes-since, BUILD: both shown, no GET
+        assert nova.delete_server(doomed)  # by hand, while Nova schedules it
+        assert nova.find_server(doomed) is None  # no row left for changes-since
+        lists, gets = calls()
+        await provider.sync(full=False)
+        assert calls() == (lists + 2, gets + 1)  # one GET: the one the BUILD listing left out
+        assert app.inventory.server(doomed) is None
+        assert provider_id(doomed) not in {i.instance_id for i in view.nodes()}
+        assert view.target_size() == 1
+        assert app.inventory.server(kept) is not None
+        assert nova.calls["servers.delete"] == 1  # the hand's: osas deleted nothing
+        nova.activate()
+        await provider.sync(full=False)  # changes-since shows it ACTIVE
+        assert [i.state for i in view.nodes()] == [InstanceState.RUNNING]
+        lists, gets = calls()
+        await provider.sync(full=False)
+        assert calls() == (lists + 1, gets)  # nothing builds: changes-since alone
+
+
+@dataclass
+class UnreadableBuilds(FakeCloud):
+    """The reads of building servers refused as a 5xx would be, when a test says so."""
+
+    refuse_listing: bool = False
+    refuse_gets: set[str] = field(default_factory=set)
+
+    async def list_building(self, tag: str) -> ServerListing:
+        if self.refuse_listing:
+            raise CloudUnavailable("503 Service Unavailable (injected)")
+        return await super().list_building(tag)
+
+    async def get_server(self, server_id: str) -> ServerRecord | None:
+        if server_id in self.refuse_gets:
+            raise CloudUnavailable("503 Service Unavailable (injected)")
+        return await super().get_server(server_id)
+
+
+async def test_building_servers_that_cannot_be_read_again_fail_no_sync(tmp_path):
+    """A read of building servers that fails (the BUILD listing, or one server's GET) never
+    fails the sync: what it could not read is kept as it was and read again by the next
+    sync; the rest is settled. Said once while it lasts, and once when it works again."""
+    nova = FakeNova()
+    nova.faults.deletes_while_scheduling_vanish = True
+    first, second = building(nova, "first"), building(nova, "second")
+    cloud = UnreadableBuilds(nova)
+    async with running(make_config(tmp_path), cloud) as provider:
+        app = provider.app
+        await quiet(provider, nova)
+        nova.delete_server(first)
+        nova.delete_server(second)
+        with structlog.testing.capture_logs() as logs:
+            cloud.refuse_listing = True
+            await provider.sync(full=False)
+            await provider.sync(full=False)
+            assert app.inventory.server(first) is not None
+            assert app.inventory.server(second) is not None
+            cloud.refuse_listing, cloud.refuse_gets = False, {first}
+            await provider.sync(full=False)  # the BUILD listing works; one GET fails
+            assert app.inventory.server(first) is not None
+            assert app.inventory.server(second) is None
+            cloud.refuse_gets = set()
+            await provider.sync(full=False)
+            assert app.inventory.server(first) is None
+        assert app.controller.group("workers").target_size() == 0
+        status = app.reconciler.status
+        assert (status.consecutive_failures, status.failures, status.last_error) == (0, 0, None)
+        said = [e for e in logs if "still building" in e["event"]]
+        levels = [e["log_level"] for e in said if e["log_level"] != "debug"]
+        assert levels == ["warning", "info"], said
+        assert said[0]["error"] == "503 Service Unavailable (injected)"
+
+
+async def test_a_building_server_that_lost_a_mark_leaves_cas_view_and_is_never_deleted(
+    tmp_path,
+):
+    """A building server read again without one of the cluster's marks (the metadata mark,
+    still listed by its tag; or the tag, so only a GET finds it) is no longer ours: it
+    leaves CA's view at that sync and is never deleted."""
+    nova = FakeNova()
+    unmarked, untagged = building(nova, "unmarked"), building(nova, "untagged")
+    async with running(make_config(tmp_path), FakeCloud(nova)) as provider:
+        app = provider.app
+        await quiet(provider, nova)
+        # In the model's own rows: Nova bumps no updated_at for either edit.
+        del nova.get_server(unmarked).metadata[META_GROUP]
+        nova.get_server(untagged).tags.discard(TAG)
+        await provider.sync(full=False)
+        assert app.inventory.server(unmarked) is None
+        assert app.inventory.server(untagged) is None
+        assert app.controller.group("workers").target_size() == 0
+        assert nova.calls["servers.delete"] == 0
+        assert {s.server_id for s in nova.live_servers()} == {unmarked, untagged}
 
 
 async def test_foreign_servers_are_never_reported_or_deleted(tmp_path):

@@ -487,6 +487,49 @@ def test_changes_since_includes_deleted_servers_except_with_a_tag_filter(sim, co
     assert list(conn.compute.servers(details=True, changes_since=later)) == []
 
 
+def test_a_server_deleted_while_scheduling_leaves_no_deleted_row_only_with_the_fault(slow_sim):
+    """Real Nova deletes only the build request of a server it still schedules: no instance
+    was ever made, so ``changes-since`` shows no DELETED row for it (seen in the real-Nova
+    lane). ``deletes_while_scheduling_vanish``, set through the control API, does the same;
+    by default a server deleted in BUILD is deleted as one with a host (a DELETED row), and
+    with the fault a server past scheduling still is."""
+    sim = slow_sim
+    conn = connect(sim)
+    try:
+        since = datetime.now(UTC) - timedelta(seconds=1)
+
+        def boot(name: str) -> str:
+            server = conn.compute.get_server(conn.compute.create_server(**boot_args(conn, name)))
+            assert (server.status, server.task_state) == ("BUILD", "scheduling")
+            return str(server.id)
+
+        def changed() -> dict[str, str]:
+            listed = conn.compute.servers(details=True, changes_since=since.isoformat())
+            return {server.id: server.status for server in listed}
+
+        plain = boot("plain")
+        conn.compute.delete_server(plain)
+        assert changed()[plain] == "DELETED"  # the default: a DELETED row
+
+        status, faults = control(
+            sim, "POST", "/_sim/faults", {"deletes_while_scheduling_vanish": True}
+        )
+        assert (status, faults["faults"]["deletes_while_scheduling_vanish"]) == (200, True)
+        vanishing = boot("vanishing")
+        built = boot("built")
+        assert control(sim, "POST", "/_sim/activate", {"id": built})[0] == 200
+        conn.compute.delete_server(vanishing)
+        conn.compute.delete_server(built)
+        with pytest.raises(openstack.exceptions.NotFoundException):
+            conn.compute.get_server(vanishing)
+        rows = changed()
+        assert vanishing not in rows  # no row at all, DELETED or other
+        assert rows[built] == "DELETED"  # past scheduling: deleted as before
+        assert rows[plain] == "DELETED"
+    finally:
+        conn.close()
+
+
 def test_no_valid_host_leaves_an_error_server_with_its_tags(sim, conn):
     sim.nova.faults.no_valid_host = 1
     created = conn.compute.create_server(**boot_args(conn), tags=[TAG])
@@ -846,6 +889,7 @@ def test_control_api_sets_every_new_fault(sim):
         "ports_exceeded": 1,
         "lost_create_status": 503,
         "dropped_create_connections": 3,
+        "deletes_while_scheduling_vanish": True,
     }
     status, faults = control(sim, "POST", "/_sim/faults", new)
     assert status == 200
@@ -857,6 +901,8 @@ def test_control_api_sets_every_new_fault(sim):
         {"lost_create_status": 503.0},
         {"create_stall": -0.1},
         {"create_stall": "slow"},
+        {"deletes_while_scheduling_vanish": 1},
+        {"deletes_while_scheduling_vanish": "yes"},
     ):
         assert control(sim, "POST", "/_sim/faults", bad)[0] == 400, bad
     not_finite = b'{"create_stall": Infinity}'

@@ -82,6 +82,16 @@ class _BuildingRead:
     gone: list[str] = field(default_factory=list)
     unowned: list[str] = field(default_factory=list)
 
+    def take(self, server_id: str, record: ServerRecord | None, server: Server | None) -> None:
+        """One server read again: ``record`` None (Nova's 404) is gone; ``server``, the
+        record claimed, None when it lacks a mark."""
+        if record is None or record.status == "DELETED":
+            self.gone.append(server_id)
+        elif server is None:
+            self.unowned.append(server_id)  # a mark removed by hand: no longer ours
+        else:
+            self.changed.append(server)
+
 
 @dataclass(slots=True)
 class SyncStatus:
@@ -142,6 +152,7 @@ class Reconciler:
         self._quota_read_at: float | None = None
         self._quota_error: str | None = None  # why the last quota read failed
         self._quota_unread: set[str] = set()  # resources the last read could not read
+        self._building_error: str | None = None  # why building servers were last not read
         self.status = SyncStatus()
         # Servers a person should look at; reviewed after every sync, never acted on.
         self.problems = ProblemWatch(
@@ -467,35 +478,73 @@ class Reconciler:
         """The servers listed BUILD that changes-since did not show, read again: a server
         deleted while Nova was still scheduling it can leave no DELETED row (no instance was
         ever made), and would otherwise stay in CA's view until the next complete listing.
-        One tagged listing of what Nova shows building, then a GET for each that it no longer
-        shows (it finished building meanwhile, or it is gone). Building servers are few; a
-        failure here is left to the next sync, never fails this one."""
+
+        One tagged ``status=BUILD`` listing rather than a GET each: one request however many
+        build at once (a scale-up of a hundred), none at all when none does. Then a GET for
+        each it no longer shows (it finished building meanwhile, or it is gone), all at once
+        within the adapter's own bound on concurrent calls: normally none or a few. A failure
+        keeps the server as it was (the next sync reads it again, the complete listing stays
+        the safety net) and is logged once while it lasts; it never fails this sync."""
         found = _BuildingRead()
         try:
             listing = await self._cloud.list_building(self._marks.cluster_tag)
         except CloudError as exc:
-            logger.debug("building servers not read again", error=str(exc))
+            self._building_unread(str(exc), len(server_ids))
             return found
         wanted = set(server_ids)
-        shown = {record.server_id for record in listing.records}
-        for record in listing.records:
-            server = self._marks.claim(record)
-            if server is not None and record.server_id in wanted:
-                found.changed.append(server)
-        for server_id in [sid for sid in server_ids if sid not in shown]:
-            try:
-                fresh = await self._cloud.get_server(server_id)
-            except CloudError as exc:
-                logger.debug("building server not read again", server_id=server_id, error=str(exc))
-                continue
-            server = None if fresh is None else self._marks.claim(fresh)
-            if fresh is None or fresh.status == "DELETED":
-                found.gone.append(server_id)
-            elif server is None:
-                found.unowned.append(server_id)
+        # A building server new to osas is left out: changes-since shows it.
+        shown = {r.server_id: r for r in listing.records if r.server_id in wanted}
+        unshown = [server_id for server_id in server_ids if server_id not in shown]
+        read, errors = await self._get_each(unshown)
+        for server_id in server_ids:  # in order: the same reads settle the same way
+            record: ServerRecord | None
+            if server_id in shown:
+                record = shown[server_id]
+            elif server_id in read:
+                record = read[server_id]
             else:
-                found.changed.append(server)
+                continue  # not read: kept as it was
+            found.take(server_id, record, None if record is None else self._marks.claim(record))
+        if errors:
+            self._building_unread(next(iter(errors.values())), len(errors))
+        elif self._building_error is not None:
+            logger.info("servers still building are read again")
+            self._building_error = None
         return found
+
+    async def _get_each(
+        self, server_ids: list[str]
+    ) -> tuple[dict[str, ServerRecord | None], dict[str, str]]:
+        """A GET of each server, all at once: what Nova answered (None: 404), and why each
+        one that failed did."""
+        read: dict[str, ServerRecord | None] = {}
+        errors: dict[str, str] = {}
+
+        async def get(server_id: str) -> None:
+            try:
+                read[server_id] = await self._cloud.get_server(server_id)
+            except CloudError as exc:
+                errors[server_id] = str(exc)
+
+        if server_ids:
+            async with anyio.create_task_group() as gets:
+                for server_id in server_ids:
+                    gets.start_soon(get, server_id)
+        return read, errors
+
+    def _building_unread(self, error: str, servers: int) -> None:
+        """Said once while reads of building servers fail (a warning: until they work, a
+        server deleted while Nova schedules it stays in CA's view), then at debug."""
+        if self._building_error is None:
+            logger.warning(
+                "servers still building cannot be read again; one deleted while Nova "
+                "schedules it stays in CA's view until they can",
+                error=error,
+                servers=servers,
+            )
+        else:
+            logger.debug("servers still building not read again", error=error, servers=servers)
+        self._building_error = error
 
     def want_flavors(self, group_ids: Iterable[str]) -> None:
         """Fetch these groups' flavors at the next sync (a reload could not)."""

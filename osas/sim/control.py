@@ -16,8 +16,11 @@ the servers compactly:
   ``skipped_servers`` (listing pages that leave out their first server),
   ``ports_exceeded`` (creates refused with 403 "Maximum number of ports exceeded"),
   ``lost_create_status`` and ``dropped_create_connections`` (creates stored, then the
-  connection closed without an answer). Besides Nova's, ``Quota`` holds Neutron's ``ports`` and
-  Cinder's ``volumes`` and ``gigabytes`` (each a non-negative integer, or null: unlimited).
+  connection closed without an answer), ``deletes_while_scheduling_vanish`` (true: a server
+  deleted while Nova still schedules it leaves no DELETED row for ``changes-since``, as real
+  Nova's does; false by default: it stays ``deleting``, then DELETED). Besides Nova's,
+  ``Quota`` holds Neutron's ``ports`` and Cinder's ``volumes`` and ``gigabytes`` (each a
+  non-negative integer, or null: unlimited).
 - ``GET|POST /_sim/nova``: ``build_seconds`` (null: BUILD until activated),
   ``delete_seconds`` (how long a deleted server stays ACTIVE with task_state ``deleting``) and
   ``clock_offset`` (seconds Nova's clock is off the real one, negative when behind: Nova stamps
@@ -280,7 +283,8 @@ def _assign(target: Faults | Quota, values: Any) -> None:
 def _check(values: Any, types: Mapping[str, str]) -> None:
     """Refuse (400) anything but a JSON object of known names with values of their type:
     ``float`` takes any finite non-negative number, ``int`` a non-negative integer (not a
-    boolean), ``signed float`` a negative number too, ``... | None`` also null."""
+    boolean), ``bool`` true or false only, ``signed float`` a negative number too,
+    ``... | None`` also null."""
     if not isinstance(values, Mapping):
         raise _refuse(400, "expected a JSON object")
     unknown = set(values) - set(types)
@@ -289,6 +293,10 @@ def _check(values: Any, types: Mapping[str, str]) -> None:
     for name, value in values.items():
         kind = types[name]
         if value is None and kind.endswith("| None"):
+            continue
+        if kind == "bool":
+            if not isinstance(value, bool):
+                raise _refuse(400, f"{name} must be true or false")
             continue
         signed = kind.startswith("signed ")
         base = kind.removeprefix("signed ").split(" ")[0]

@@ -43,6 +43,11 @@ but the launcher never printed "ready" nor stopped on SIGTERM. Run by hand::
 prints the Keystone URL and the clouds.yaml path, and serves until SIGTERM or Ctrl-C. Keystone's
 folder (database, keys, keystone.log) is ``keystone/`` beside clouds.yaml, made anew at start.
 
+A create carrying the scheduler hint ``realnova_scheduling_delay`` (seconds, as a string) waits
+that long in Nova's conductor before the scheduler is asked: a busy scheduler, stretched so that
+a test can act on a server Nova still schedules (deleted then, it leaves no instance at all,
+only its build request gone). Without the hint nothing changes; everything else is Nova's own.
+
 Admin helpers (both classes), as Keystone's bootstrap admin: ``set_quota`` (Nova's
 os-quota-sets), ``reset_state`` (force a server to ERROR), ``admin_servers`` (every project),
 ``revoke_tokens`` (every token of a user, through Keystone's admin API), ``set_token_lifetime``,
@@ -116,6 +121,8 @@ NOVA_PASSWORD = "nova-secret"
 IMAGE_NAME = "ubuntu-24.04"
 IMAGE_ID = "5b1c3f4e-8d2a-4e6b-9c7d-1a2b3c4d5e6f"
 NETWORK_NAME = "cluster-net"  # the fixtures' one network ("private"), renamed
+# A create's scheduler hint: seconds its scheduling waits in the conductor (module docstring).
+SCHEDULING_DELAY_HINT = "realnova_scheduling_delay"
 
 
 @dataclass(frozen=True, slots=True)
@@ -992,7 +999,29 @@ def _nova_case_class(  # noqa: C901 - nested classes
                 ks_loading.get_auth_plugin_conf_options("password"), group="keystone_authtoken"
             )
             self.flags(group="keystone_authtoken", **authtoken)
+            self._slow_scheduling_on_request()
             super()._setup_services()
+
+        def _slow_scheduling_on_request(self) -> None:
+            """A create with ``SCHEDULING_DELAY_HINT`` is scheduled that many seconds late
+            (only the conductor's thread for it waits; the API has answered already)."""
+            from nova.conductor import manager as conductor  # noqa: PLC0415
+
+            schedule = conductor.ComputeTaskManager._schedule_instances
+
+            def slow_schedule(
+                manager: Any, context: Any, request_spec: Any, *args: Any, **kwargs: Any
+            ) -> Any:
+                delay = request_spec.get_scheduler_hint(SCHEDULING_DELAY_HINT)
+                if delay:
+                    time.sleep(float(delay))
+                return schedule(manager, context, request_spec, *args, **kwargs)
+
+            self.useFixture(
+                fixtures.MockPatchObject(
+                    conductor.ComputeTaskManager, "_schedule_instances", slow_schedule
+                )
+            )
 
         def _setup_cells(self) -> None:
             made = _ReaderPreferringLock.made

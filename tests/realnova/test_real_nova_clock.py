@@ -36,7 +36,14 @@ import openstack
 import openstack.config
 import openstack.connection
 import structlog
-from realnova.cloud import CLOUD, IMAGE_NAME, NETWORK_NAME, NovaOptions, RealNovaProcess
+from realnova.cloud import (
+    CLOUD,
+    IMAGE_NAME,
+    NETWORK_NAME,
+    SCHEDULING_DELAY_HINT,
+    NovaOptions,
+    RealNovaProcess,
+)
 from support import config_data, write_config
 
 from osas.cloud.openstack import OpenStackCloud
@@ -57,6 +64,7 @@ PAGE = 3  # Nova's [api] max_limit: every listing of more than 3 servers pages
 SKEW = 420.0  # osas's clock this far from Nova's made the old code miss every change
 SLACK = 3.0  # Date's whole seconds, the round trip, a loaded machine
 QUIET = 3.0  # seconds of Nova's clock between a server's last update and the edit under test
+SCHEDULING_HOLD = 5.0  # seconds Nova's conductor holds a server in scheduling, when asked
 DISAGREE = "Nova's clock and osas's disagree; osas takes changes-since from Nova's clock"
 
 
@@ -187,9 +195,11 @@ class Operator:
     conn: openstack.connection.Connection
     made: list[str] = field(default_factory=list)
 
-    def boot(self, osas: Osas, name: str) -> str:
+    def boot(self, osas: Osas, name: str, *, scheduling_delay: float = 0.0) -> str:
         """A server with the cluster's marks in group ``workers``, as osas's creates leave
-        it."""
+        it; ``scheduling_delay``: seconds Nova's conductor waits before scheduling it."""
+        # Only when asked: every other create is sent as osas sends its own.
+        hints = {"scheduler_hints": {SCHEDULING_DELAY_HINT: str(scheduling_delay)}}
         server = self.conn.compute.create_server(
             name=name,
             flavor_id=self.nova.info["flavors"]["m1.small"],
@@ -197,6 +207,7 @@ class Operator:
             networks=[{"uuid": self.nova.info["network_id"]}],
             metadata={META_CLUSTER: osas.cluster.cluster_name, META_GROUP: "workers"},
             tags=[osas.tag],
+            **(hints if scheduling_delay else {}),
         )
         self.made.append(server.id)
         return str(server.id)
@@ -382,19 +393,40 @@ async def test_a_mark_removed_by_hand_is_seen_by_the_complete_listing(
 async def test_a_server_deleted_while_scheduling_leaves_the_inventory_in_one_sync(
     operator, osas_cloud, tmp_path
 ):
-    """Issue 31, problem 6: a server deleted right after its create, while Nova still
-    schedules it, can leave no DELETED row for ``changes-since`` (the build request is
-    deleted; no instance was ever made in a cell), so an incremental sync never saw it go
-    and it stayed in CA's view until the next complete listing. Each incremental sync reads
-    the servers still building again: it leaves within one."""
+    """Issue 31, problem 6: a server deleted while Nova still schedules it leaves no row at
+    all for ``changes-since`` (only its build request is deleted; no instance was ever made in
+    a cell), so an incremental sync never saw it go and it stayed in CA's view until the next
+    complete listing. Each incremental sync reads the servers still building again (a tagged
+    ``status=BUILD`` listing, which shows a server still scheduling, then a GET for one it no
+    longer shows): it leaves within one, and the one still scheduling stays.
+
+    Nova's scheduler is made slow for these two servers (``SCHEDULING_DELAY_HINT``) so that
+    the delete lands while it schedules, whatever the machine's load."""
     conn = operator.conn
     osas = osas_on(osas_cloud, tmp_path)
-    doomed = operator.boot(osas, "scheduling-0")
+    since = nova_now(conn) - timedelta(seconds=SLACK)
+    doomed = operator.boot(osas, "scheduling-0", scheduling_delay=SCHEDULING_HOLD)
+    kept = operator.boot(osas, "scheduling-1", scheduling_delay=SCHEDULING_HOLD)
     await osas.reconciler.reconcile_once(full=True)
-    shown = osas.inventory.server(doomed)
-    assert shown is not None
-    assert shown.status == "BUILD"
+    for server_id in (doomed, kept):
+        shown = osas.inventory.server(server_id)
+        assert shown is not None
+        assert (shown.status, shown.task_state) == ("BUILD", "scheduling")
     conn.compute.delete_server(doomed)
     wait_for(lambda: conn.compute.find_server(doomed) is None, "the delete")
+    # What this test is about: real Nova's own changes-since has no row for it at all.
+    assert doomed not in changed_since(conn, since)
+    assert conn.compute.get_server(kept).task_state == "scheduling"  # still
+    building = await osas_cloud.list_building(osas.tag)
+    assert [record.server_id for record in building.records] == [kept]
     await osas.reconciler.reconcile_once(full=False)
     assert osas.inventory.server(doomed) is None
+    still = osas.inventory.server(kept)
+    assert still is not None
+    assert still.status == "BUILD"
+    # Its scheduling over (so no conductor thread still waits when Nova stops), it builds.
+    active(conn, kept)
+    await osas.reconciler.reconcile_once(full=False)
+    running = osas.inventory.server(kept)
+    assert running is not None
+    assert running.status == "ACTIVE"
