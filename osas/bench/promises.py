@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,14 @@ import requests
 from osas.bench.client import CA_TIMEOUT, Call, Client, nodes, target_size
 from osas.bench.processes import Osas, Setup, Tls, kit, machine, osas_config, stop_process
 from osas.bench.report import replace_marked_section
-from osas.bench.takeover import LEASE, Service, kube_standin, spawn_replica, wait_for
+from osas.bench.takeover import (
+    LEASE,
+    Service,
+    answered_through_service,
+    kube_standin,
+    spawn_replica,
+    wait_for,
+)
 from osas.protocol import externalgrpc_pb2 as pb
 
 SERVERS = 1_000
@@ -140,26 +147,6 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-async def first_accepted(service: Service, tls: Tls, standby: Osas, began: float) -> float:
-    """IncreaseSize(1) where CA's Service leads, until the standby accepts it; seconds."""
-    deadline = time.monotonic() + 300.0
-    clients: dict[int, Client] = {}
-    try:
-        while time.monotonic() < deadline:
-            port = service.endpoint()
-            if port == standby.port:
-                client = clients.get(port) or clients.setdefault(port, Client(port, tls))
-                with suppress(grpc.aio.AioRpcError):
-                    await client.call(increase_call(1))
-                    return time.perf_counter() - began
-            await asyncio.sleep(0.05)
-    finally:
-        for client in clients.values():
-            await client.close()
-    msg = "no scale-up accepted within 300 s"
-    raise RuntimeError(msg)
-
-
 async def kill_to_scale_up(
     setup: Setup, kubeconfig: str, service: Service, in_flight: int, name: str
 ) -> tuple[float, int]:
@@ -189,7 +176,10 @@ async def kill_to_scale_up(
             began = time.perf_counter()
             holder.process.kill()
             holder.process.wait()
-            seconds = await first_accepted(service, setup.tls, standby, began)
+            answered = await answered_through_service(
+                service, setup.tls, standby, call=increase_call(1), wait=300.0
+            )
+            seconds = answered - began
             set_faults(setup.sim, create_stall=0.0)
             took = await wait_for(standby, "took over the previous leader's promise record")
             return seconds, int(took.get("creates", 0))

@@ -171,13 +171,20 @@ def held_seconds(osas: Osas) -> float:
     return float(answer.json().get("scale_ups_held_seconds") or 0.0)
 
 
-async def answered_through_service(service: Service, tls: Tls, standby: Osas) -> float:
-    """Call NodeGroupTargetSize where CA's Service leads, until the standby answers it; the
-    time (perf_counter) of the answer. The old holder's endpoint, none, or the standby
-    refusing as a standby (UNAVAILABLE) mean: look again."""
-    deadline = time.monotonic() + _WAIT
+async def answered_through_service(
+    service: Service,
+    tls: Tls,
+    standby: Osas,
+    *,
+    call: Call | None = None,
+    wait: float = _WAIT,
+) -> float:
+    """Make ``call`` (NodeGroupTargetSize by default) where CA's Service leads, until the
+    standby answers it OK; the time (perf_counter) of the answer. The old holder's endpoint,
+    none, or any refusal (the standby's UNAVAILABLE, a held scale-up) mean: look again."""
+    deadline = time.monotonic() + wait
     clients: dict[int, Client] = {}
-    call = target_size("g0")
+    call = call or target_size("g0")
     try:
         while time.monotonic() < deadline:
             port = service.endpoint()
@@ -190,7 +197,7 @@ async def answered_through_service(service: Service, tls: Tls, standby: Osas) ->
     finally:
         for client in clients.values():
             await client.close()
-    msg = f"the standby (port {standby.port}) did not answer through the Service in {_WAIT:.0f} s"
+    msg = f"the standby (port {standby.port}) did not answer through the Service in {wait:.0f} s"
     raise RuntimeError(msg)
 
 
