@@ -46,8 +46,9 @@ from osas.config import (
 from osas.domain.inventory import Inventory
 from osas.domain.servers import OwnershipMarks
 from osas.election.lease import LeaseElection
-from osas.election.port import Leadership, NoElection
+from osas.election.port import ElectionSetupError, JoinTokens, Leadership, NoElection
 from osas.election.record import PromiseRecord, inherited
+from osas.election.tokens import BootstrapTokens
 from osas.engine.collector import EngineCollector
 from osas.engine.controller import Controller
 from osas.engine.deletes import ServerDeleter
@@ -116,6 +117,24 @@ def openstack_cloud(
     return OpenStackCloud(settings, metrics=metrics)
 
 
+def join_tokens_for(config: OsasConfig, made: JoinTokens | None) -> JoinTokens | None:
+    """What mints the join tokens of groups with ``bootstrap_token``: ``made`` if there is
+    one, else a new connection to the Kubernetes API (leader_election.kubeconfig, else the
+    pod's service account); None while no group needs one. Raises ConfigError when there
+    is no usable Kubernetes configuration."""
+    groups = [group.group_id for group in config.node_groups if group.bootstrap_token]
+    if made is not None or not groups:
+        return made
+    try:
+        return BootstrapTokens(config.leader_election.kubeconfig, cluster_name=config.cluster_name)
+    except ElectionSetupError as exc:
+        raise ConfigError(
+            f"node groups {groups} mint join tokens (bootstrap_token), which needs the "
+            f"Kubernetes API: {exc} (outside a pod, name a kubeconfig in "
+            "leader_election.kubeconfig)"
+        ) from exc
+
+
 class App:
     """One osas process: inventory, queue, workers, reconciler, controller, gRPC servers, and
     the metrics registry every part records into (give the cloud adapter the same one)."""
@@ -177,6 +196,7 @@ class App:
             leading=self.leadership.may_write,
             metrics=metrics,
         )
+        self.join_tokens = join_tokens_for(config, None)
         self.workers = Workers(
             cloud,
             self.inventory,
@@ -185,6 +205,7 @@ class App:
             deleter=deleter,
             may_write=self.leadership.may_write,
             metrics=metrics,
+            join_tokens=self.join_tokens,
         )
         self.controller = Controller(
             self.inventory,
@@ -314,6 +335,8 @@ class App:
         self._config_digest = digest
         try:
             new = load_config(path)
+            # A first group that mints join tokens needs the Kubernetes API from now on.
+            self.join_tokens = join_tokens_for(new, self.join_tokens)
         except ConfigError as exc:
             logger.error(
                 "configuration reload rejected; the configuration in force stays",
@@ -322,6 +345,7 @@ class App:
             self._reloads.labels("rejected").inc()
             self._last_reload = ReloadOutcome(applied=False, at=time.time(), reason=str(exc))
             return "rejected"
+        self.workers.join_tokens = self.join_tokens
         restart_only = restart_only_changes(self.config, new)
         if restart_only:
             logger.warning(
@@ -528,6 +552,9 @@ class App:
                 deletes_not_sent=self.queue.queued_deletes(),
                 tasks_in_flight=self.queue.in_hand_count() - len(self.queue),
             )
+        if self.join_tokens is not None:
+            with anyio.CancelScope(shield=True):
+                await self.join_tokens.aclose()
         background.cancel_scope.cancel()
 
     @property

@@ -2,9 +2,9 @@
 use them, and every name it uses resolved in the cloud, before anything is deployed.
 
 It checks everything it can and reports every problem, then exits with the code of the first
-check that failed, in this order: TLS files (4), user data (1), the cloud (3), names not found
-in it (1). An invalid configuration (2) stops it before any of them. ``osas serve`` uses the
-same codes."""
+check that failed, in this order: TLS files (4), user data (1), join tokens (1), the
+cloud (3), names not found in it (1). An invalid configuration (2) stops it before any of
+them. ``osas serve`` uses the same codes."""
 
 from __future__ import annotations
 
@@ -21,11 +21,15 @@ from osas.config import OsasConfig
 from osas.domain.quota import QuotaBook
 from osas.domain.servers import Flavor
 from osas.domain.specs import NodeGroupSpec
+from osas.election.port import ElectionSetupError, JoinTokenError
+from osas.election.tokens import BootstrapTokens
 from osas.engine.userdata import (
+    TOKEN_OF_ITS_SIZE,
     SecretFiles,
     UserDataError,
     build_user_data,
     read_template,
+    template_variables,
     unfilled_hint,
     unfilled_placeholders,
 )
@@ -158,7 +162,14 @@ def check_user_data(config: OsasConfig, out: TextIO) -> int:
         group = spec.group_id
         name = f"{config.cluster_name}-{group}-check"
         try:
-            text = build_user_data(spec, cluster_name=config.cluster_name, name=name, files=files)
+            token = None if spec.bootstrap_token is None else TOKEN_OF_ITS_SIZE
+            text = build_user_data(
+                spec,
+                cluster_name=config.cluster_name,
+                name=name,
+                files=files,
+                bootstrap_token=token,
+            )
             read = read_template(spec, files)  # as read for the build: not read twice
         except UserDataError as exc:
             out.write(f"user data: PROBLEM: {exc}\n")
@@ -167,7 +178,14 @@ def check_user_data(config: OsasConfig, out: TextIO) -> int:
         if text is None or read is None:
             continue
         template, source = read
-        unfilled = unfilled_placeholders(template, spec.user_data_vars)
+        if spec.bootstrap_token is not None and "${bootstrap_token}" not in template:
+            out.write(
+                f"user data: PROBLEM: node group {group!r}: {source} never says "
+                "${bootstrap_token}, yet bootstrap_token mints a token for each create\n"
+            )
+            problems += 1
+            continue
+        unfilled = unfilled_placeholders(template, template_variables(spec))
         out.writelines(
             f"user data: PROBLEM: node group {group!r}: {source} line {placeholder.line}: "
             f"${{{placeholder.name}}} names no variable; osas leaves it as written\n"
@@ -182,12 +200,49 @@ def check_user_data(config: OsasConfig, out: TextIO) -> int:
     return EXIT_FAILED if problems else EXIT_OK
 
 
+async def check_join_tokens(config: OsasConfig, out: TextIO) -> int:
+    """For the groups with ``bootstrap_token``: a token minted as a create would, judged by
+    the API server in full (RBAC, admission policies) and stored nowhere (a dry run)."""
+    specs = [
+        (spec.group_id, spec.bootstrap_token.ttl)
+        for spec in config.cluster_spec().node_groups
+        if spec.bootstrap_token is not None
+    ]
+    if not specs:
+        return EXIT_OK
+    try:
+        tokens = BootstrapTokens(
+            config.leader_election.kubeconfig, cluster_name=config.cluster_name
+        )
+    except ElectionSetupError as exc:
+        out.write(f"join tokens: PROBLEM: no Kubernetes API to mint them with: {exc}\n\n")
+        return EXIT_FAILED
+    problems = 0
+    try:
+        for group, ttl in specs:
+            try:
+                name = await tokens.rehearse(group_id=group, ttl=ttl)
+            except JoinTokenError as exc:
+                out.write(f"join tokens: PROBLEM: node group {group!r}: {exc}\n")
+                problems += 1
+                continue
+            out.write(
+                f"join tokens: ok: node group {group!r}: a Secret like {name} would be "
+                f"admitted (dry run), valid {ttl:.0f}s\n"
+            )
+    finally:
+        await tokens.aclose()
+    out.write("\n")
+    return EXIT_FAILED if problems else EXIT_OK
+
+
 async def check_config(config: OsasConfig, cloud: Cloud, out: TextIO, *, wait: float = 0.0) -> int:
     """Every check, every problem reported; the exit code of the first that failed. ``wait``:
     see :func:`reach_cloud`."""
     codes = [
         check_tls(config, out),
         check_user_data(config, out),
+        await check_join_tokens(config, out),
         await check_cloud(config, cloud, out, wait=wait),
     ]
     return next((code for code in codes if code != EXIT_OK), EXIT_OK)

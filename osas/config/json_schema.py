@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema
 
-from osas.config.schema import OsasConfig
+from osas.config.schema import BootstrapTokenConfig, OsasConfig
 
 _DRAFT = "http://json-schema.org/draft-07/schema#"
 
@@ -33,8 +33,9 @@ def config_json_schema() -> dict[str, Any]:
 
 
 def config_defaults() -> dict[str, Any]:
-    """Every default of the file, nested as the file nests keys, durations in seconds."""
-    return _defaults_of(OsasConfig)
+    """Every default of the file, nested as the file nests keys, durations in seconds; and a
+    node group's ``bootstrap_token`` block's, which the chart's checks compare."""
+    return {**_defaults_of(OsasConfig), "bootstrap_token": _defaults_of(BootstrapTokenConfig)}
 
 
 class _FileSchema(GenerateJsonSchema):

@@ -36,6 +36,7 @@ from osas.domain.ledger import LedgerSettings
 from osas.domain.limits import MAX_GROUP_SIZE
 from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST
 from osas.domain.specs import (
+    BootstrapTokenSpec,
     ClusterSpec,
     GpuSpec,
     NodeGroupSpec,
@@ -107,7 +108,11 @@ _METADATA_ITEM_MAX = 255
 _PORT_MAX = 65535
 _RESERVED_METADATA = frozenset({META_CLUSTER, META_GROUP, META_REQUEST})
 # The user data variables osas fills in itself.
-_BUILTIN_VARS = frozenset({"server_name", "node_group", "cluster_name"})
+_BUILTIN_VARS = frozenset({"server_name", "node_group", "cluster_name", "bootstrap_token"})
+# A minted join token lives at least this long (a server takes minutes to build and join) and
+# at most as long as kubeadm's own default token.
+_TOKEN_TTL_MIN = timedelta(minutes=2)
+_TOKEN_TTL_MAX = timedelta(hours=24)
 
 
 def _none_of(names: frozenset[str]) -> JsonDict:
@@ -357,6 +362,23 @@ class BootVolumeConfig(_Strict):
     volume_type: str | None = Field(None, alias="type")
 
 
+class BootstrapTokenConfig(_Strict):
+    ttl: PositiveDuration = Field(
+        default_duration(BootstrapTokenSpec, "ttl"),
+        description="how long each server's token joins: past its build and join, 2m to 24h",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if not _TOKEN_TTL_MIN <= self.ttl <= _TOKEN_TTL_MAX:
+            raise ValueError(
+                f"bootstrap_token.ttl must be between 2m and 24h, not "
+                f"{self.ttl.total_seconds():g}s: long enough for a server to build and join, "
+                "short enough that user data read later joins nothing"
+            )
+        return self
+
+
 class OptionsConfig(_Strict):
     scale_down_utilization_threshold: float | None = Field(None, ge=0, le=1)
     scale_down_gpu_utilization_threshold: float | None = Field(None, ge=0, le=1)
@@ -387,6 +409,8 @@ class NodeGroupConfig(_Strict):
         {}, json_schema_extra={"propertyNames": _none_of(_BUILTIN_VARS)}
     )
     user_data_format: Literal["text", "json"] = default_of(NodeGroupSpec, "user_data_format")
+    # A kubeadm bootstrap token minted per server at its create: ${bootstrap_token}.
+    bootstrap_token: BootstrapTokenConfig | None = None
     boot_volume: BootVolumeConfig | None = None
     metadata: dict[str, str] = Field(
         {},
@@ -445,6 +469,8 @@ class NodeGroupConfig(_Strict):
         builtin = sorted(set(self.user_data_vars) & _BUILTIN_VARS)
         if builtin:
             raise ValueError(f"user_data_vars {builtin} are filled in by osas itself")
+        if self.bootstrap_token is not None:
+            self._check_bootstrap_token(self.bootstrap_token)
         if self.user_data_format == "json" and self.user_data is not None:
             try:
                 json.loads(self.user_data)
@@ -453,6 +479,25 @@ class NodeGroupConfig(_Strict):
                     f"user_data is not JSON (user_data_format: json): {exc.msg} at line "
                     f"{exc.lineno}, column {exc.colno}"
                 ) from None
+
+    def _check_bootstrap_token(self, token: BootstrapTokenConfig) -> None:
+        if self.user_data is None and self.user_data_file is None:
+            raise ValueError(
+                "bootstrap_token needs a template to fill ${bootstrap_token} in: user_data or "
+                "user_data_file"
+            )
+        if self.user_data is not None and "${bootstrap_token}" not in self.user_data:
+            raise ValueError(
+                "bootstrap_token is set but user_data never says ${bootstrap_token}: every "
+                "create would mint a token nothing uses"
+            )
+        provision = self.options.max_node_provision_time
+        if provision is not None and token.ttl < provision:
+            raise ValueError(
+                f"bootstrap_token.ttl ({token.ttl.total_seconds():g}s) is shorter than "
+                f"options.max_node_provision_time ({provision.total_seconds():g}s): a server "
+                "that joins late but in time for CA would find its token expired"
+            )
 
 
 class PricingConfig(_Strict):

@@ -37,6 +37,14 @@ class BootVolume:
 
 
 @dataclass(frozen=True, slots=True)
+class BootstrapTokenSpec:
+    """A kubeadm bootstrap token minted for each server at its create, valid for ``ttl``
+    seconds from then: past the server's build and join, not its life."""
+
+    ttl: float = 1800.0
+
+
+@dataclass(frozen=True, slots=True)
 class OptionOverrides:
     """Per-group autoscaling options; None keeps the Cluster Autoscaler's own default."""
 
@@ -76,6 +84,8 @@ class NodeGroupSpec:
     user_data_file: str | None = None
     user_data_vars: Mapping[str, str] = field(default_factory=dict)
     user_data_format: str = "text"  # "json": placeholders are filled in JSON strings only
+    # A join token of its own for each server, filled in as ${bootstrap_token}.
+    bootstrap_token: BootstrapTokenSpec | None = None
     boot_volume: BootVolume | None = None
     metadata: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)

@@ -48,6 +48,30 @@ class PromisesNotKept(Exception):
     Lease): the call that would have promised something is refused with nothing promised."""
 
 
+class JoinTokenError(Exception):
+    """No join token could be minted. ``refused``: the API server refused it (RBAC, an
+    admission policy, an invalid object), and asking again changes nothing until an operator
+    acts; otherwise (unreachable, timed out, a server error) a later try may succeed."""
+
+    def __init__(self, message: str, *, refused: bool) -> None:
+        super().__init__(message)
+        self.refused = refused
+
+
+class JoinTokens(Protocol):
+    """Join credentials minted per server, kept by the cluster (``osas.election.tokens`` for
+    kubeadm's bootstrap tokens)."""
+
+    async def mint(self, *, server_name: str, group_id: str, ttl: float) -> str:
+        """A new token for ``server_name``'s join, stored in the cluster and valid for ``ttl``
+        seconds by the API server's clock; raises JoinTokenError."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close the connection; idempotent."""
+        ...
+
+
 class ElectionSetupError(Exception):
     """The election cannot start: no usable Kubernetes configuration, or bad settings."""
 

@@ -17,6 +17,10 @@ from osas.domain.specs import NodeGroupSpec
 # Nova caps user data at 65535 bytes once base64-encoded; a larger file can never fit.
 USER_DATA_MAX = 65535
 BUILTIN_VARIABLES = frozenset({"server_name", "node_group", "cluster_name"})
+# Filled in only for a group with ``bootstrap_token``: the token minted for the server.
+BOOTSTRAP_TOKEN_VARIABLE = "bootstrap_token"  # noqa: S105 - a variable's name
+# A token's shape (kubeadm's ``[a-z0-9]{6}.[a-z0-9]{16}``), for builds that only measure.
+TOKEN_OF_ITS_SIZE = "abcdef.0123456789abcdef"  # noqa: S105 - a stand-in of a token's length
 
 
 class UserDataError(Exception):
@@ -78,6 +82,13 @@ class Unfilled:
         return f"${{{self.name}}} (line {self.line})"
 
 
+def template_variables(spec: NodeGroupSpec) -> frozenset[str]:
+    """The variables a group's template may name besides osas's own: its ``user_data_vars``,
+    and the minted token where the group has one."""
+    minted = {BOOTSTRAP_TOKEN_VARIABLE} if spec.bootstrap_token is not None else set()
+    return frozenset(spec.user_data_vars).union(minted)
+
+
 def unfilled_placeholders(template: str, variables: Iterable[str]) -> tuple[Unfilled, ...]:
     """Every ``${name}`` in ``template`` that neither ``variables`` nor osas fills, with its
     line. Only the braced form counts: ``$name`` is how a shell variable is written, and
@@ -94,6 +105,11 @@ def unfilled_hint(spec: NodeGroupSpec, unfilled: Iterable[Unfilled]) -> str:
     """What to do about ``unfilled``: name the variable, or escape it for the shell."""
     names = sorted({placeholder.name for placeholder in unfilled})
     declared = ", ".join(sorted(spec.user_data_vars)) or "none"
+    if BOOTSTRAP_TOKEN_VARIABLE in names and spec.bootstrap_token is None:
+        return (
+            f"${{{BOOTSTRAP_TOKEN_VARIABLE}}} is filled only for a group with a bootstrap_token "
+            "block (a token minted per server): add one, or name the variable in user_data_vars"
+        )
     escaped = ", ".join(f"$${{{name}}}" for name in names)
     return (
         f"name it in user_data_vars (this group's: {declared}; osas itself fills "
@@ -135,13 +151,21 @@ def read_template(spec: NodeGroupSpec, files: SecretFiles) -> tuple[str, str] | 
 
 
 def build_user_data(
-    spec: NodeGroupSpec, *, cluster_name: str, name: str, files: SecretFiles
+    spec: NodeGroupSpec,
+    *,
+    cluster_name: str,
+    name: str,
+    files: SecretFiles,
+    bootstrap_token: str | None = None,
 ) -> str | None:
-    """The user data of one server of ``spec``, or None when the group has none.
+    """The user data of one server of ``spec``, or None when the group has none;
+    ``bootstrap_token`` is the token minted for it, required for a group that has one.
 
     Raises UserDataError when a file is missing, unreadable or too large, when a ``json``
     template is not JSON, or when the result exceeds what Nova accepts."""
     group = spec.group_id
+    if (spec.bootstrap_token is None) != (bootstrap_token is None):
+        raise ValueError(f"node group {group!r}: a minted token goes with a bootstrap_token block")
     read = read_template(spec, files)
     if read is None:
         return None
@@ -153,6 +177,8 @@ def build_user_data(
         for variable, path in spec.user_data_vars.items()
     }
     values.update(server_name=name, node_group=group, cluster_name=cluster_name)
+    if bootstrap_token is not None:
+        values[BOOTSTRAP_TOKEN_VARIABLE] = bootstrap_token
     if spec.user_data_format == "json":
         try:
             document = json.loads(template)

@@ -22,6 +22,7 @@ from osas.domain.ledger import (
 )
 from osas.domain.servers import ErrorClass, ErrorInfo, OwnershipMarks
 from osas.domain.specs import ClusterSpec, NodeGroupSpec
+from osas.election.port import JoinTokenError, JoinTokens
 from osas.engine.deletes import ServerDeleter
 from osas.engine.events import carry_out, log_orders
 from osas.engine.metrics import EngineMetrics
@@ -32,6 +33,7 @@ from osas.engine.userdata import (
     UserDataError,
     build_user_data,
     read_template,
+    template_variables,
     unfilled_hint,
     unfilled_placeholders,
 )
@@ -46,14 +48,24 @@ __all__ = ["Workers"]
 
 
 def create_request(
-    cluster: ClusterSpec, spec: NodeGroupSpec, request_id: str, files: SecretFiles | None = None
+    cluster: ClusterSpec,
+    spec: NodeGroupSpec,
+    request_id: str,
+    files: SecretFiles | None = None,
+    *,
+    bootstrap_token: str | None = None,
 ) -> CreateServerRequest:
-    """The create for one server. Raises UserDataError when its user data cannot be built
-    (files are read through ``files``, which re-reads them only when they changed)."""
+    """The create for one server, with the token minted for it where its group has one.
+    Raises UserDataError when its user data cannot be built (files are read through
+    ``files``, which re-reads them only when they changed)."""
     marks = OwnershipMarks(cluster.cluster_name)
     name = server_name(cluster.cluster_name, spec.group_id, request_id)
     user_data = build_user_data(
-        spec, cluster_name=cluster.cluster_name, name=name, files=files or SecretFiles()
+        spec,
+        cluster_name=cluster.cluster_name,
+        name=name,
+        files=files or SecretFiles(),
+        bootstrap_token=bootstrap_token,
     )
     return CreateServerRequest(
         name=name,
@@ -88,6 +100,7 @@ class Workers:
         deleter: ServerDeleter,
         may_write: Callable[[], bool] = lambda: True,
         metrics: EngineMetrics | None = None,
+        join_tokens: JoinTokens | None = None,
     ) -> None:
         self._inventory = inventory
         self._cloud = cloud
@@ -104,6 +117,10 @@ class Workers:
         # Per group, the template and variables last checked for placeholders osas leaves as
         # written: each is reported once, not at every create.
         self._checked_templates: dict[str, int] = {}
+        self.join_tokens = join_tokens  # set again by a reload that adds the first group
+        # Per create that may be sent again, the token minted for it and until when it is
+        # used again (half its life): a resend joins with it rather than minting another.
+        self._minted: dict[str, tuple[str, float]] = {}
 
     @property
     def _cluster(self) -> ClusterSpec:
@@ -125,11 +142,19 @@ class Workers:
         if read is None:
             return
         template, source = read
-        checked = hash((template, tuple(sorted(spec.user_data_vars))))
+        variables = template_variables(spec)
+        checked = hash((template, tuple(sorted(variables))))
         if self._checked_templates.get(spec.group_id) == checked:
             return
         self._checked_templates[spec.group_id] = checked
-        unfilled = unfilled_placeholders(template, spec.user_data_vars)
+        if spec.bootstrap_token is not None and "${bootstrap_token}" not in template:
+            logger.warning(
+                "bootstrap_token is set but the user data never says ${bootstrap_token}: each "
+                "create mints a token nothing uses",
+                node_group=spec.group_id,
+                source=source,
+            )
+        unfilled = unfilled_placeholders(template, variables)
         if unfilled:
             logger.warning(
                 "user data leaves placeholders as written",
@@ -197,6 +222,12 @@ class Workers:
         carry_out(orders, self._queue, self._metrics)
 
     async def _create(self, task: CreateTask) -> None:
+        try:
+            await self._create_until_done(task)
+        finally:
+            self._minted.pop(task.request_id, None)
+
+    async def _create_until_done(self, task: CreateTask) -> None:
         log = logger.bind(group=task.group_id, request_id=task.request_id)
         attempt = 0
         # The ledger hands out only creates still wanted: a reload that removed the group
@@ -246,14 +277,54 @@ class Workers:
         if spec is None:  # removed between two sends of a create that never reached Nova
             message = f"node group {task.group_id!r} is no longer configured"
             return Refused(ErrorInfo("NodeGroupRemoved", message, ErrorClass.OTHER))
+        token = None
+        if spec.bootstrap_token is not None:
+            minted = await self._join_token(task, spec, spec.bootstrap_token.ttl, log)
+            if not isinstance(minted, str):
+                return minted
+            token = minted
+            if not self._may_write():  # the lease may have gone while the token was made
+                info = ErrorInfo("NotLeader", "not the leader any more", ErrorClass.OTHER)
+                return NotSent(info, counts=False)
         try:
-            request = create_request(self._cluster, spec, task.request_id, self._files)
+            request = create_request(
+                self._cluster, spec, task.request_id, self._files, bootstrap_token=token
+            )
             self._check_template(spec)  # the file may have changed since the last create
         except UserDataError as exc:
             # Refused, not sent: CA sees a failed create with this reason and backs off.
             log.error("user data cannot be built; create refused", reason=str(exc))
             return Refused(ErrorInfo("UserDataUnavailable", str(exc), ErrorClass.OTHER))
         return await self._send_create(request)
+
+    async def _join_token(
+        self, task: CreateTask, spec: NodeGroupSpec, ttl: float, log: structlog.BoundLogger
+    ) -> str | CreateOutcome:
+        """The token minted for this create (again only once half its life has passed), or
+        why the create cannot be sent: Refused when the cluster refused the token (an
+        operator must act), NotSent when it did not answer (sent again after a backoff)."""
+        now = anyio.current_time()
+        kept = self._minted.get(task.request_id)
+        if kept is not None and now < kept[1]:
+            return kept[0]
+        if self.join_tokens is None:
+            message = (
+                f"node group {spec.group_id!r} has bootstrap_token, but this osas has no "
+                "Kubernetes connection to mint tokens with"
+            )
+            return Refused(ErrorInfo("JoinTokenUnavailable", message, ErrorClass.OTHER))
+        name = server_name(self._cluster.cluster_name, spec.group_id, task.request_id)
+        try:
+            token = await self.join_tokens.mint(server_name=name, group_id=spec.group_id, ttl=ttl)
+        except JoinTokenError as exc:
+            info = ErrorInfo("JoinTokenUnavailable", str(exc), ErrorClass.OTHER)
+            if exc.refused:
+                log.error("join token refused; create refused", reason=str(exc))
+                return Refused(info)
+            log.warning("join token not minted; create not sent", reason=str(exc))
+            return NotSent(info)
+        self._minted[task.request_id] = (token, now + ttl / 2)
+        return token
 
     async def _send_create(self, request: CreateServerRequest) -> CreateOutcome:
         """The create, sent once, and what came of it. Nova has no idempotency key: only an

@@ -31,6 +31,16 @@ store, ``pkg/registry/coordination/lease`` and ``pkg/registry/discovery/endpoint
 - every refusal is a ``Status`` object with ``Content-Type: application/json`` (lightkube
   builds an ``ApiError`` from nothing else).
 
+Core ``v1`` Secrets are served too (what osas's join tokens make): ``stringData`` merged into
+``data`` (base64) as the API server's conversion does, ``type`` immutable, ``dryRun=All``
+judged in full and stored nowhere. Bearer tokens of the form ``<id>.<secret>`` authenticate as
+the API server's bootstrap token authenticator lets them (``--enable-bootstrap-token-auth``):
+a Secret ``kube-system/bootstrap-token-<id>`` of type ``bootstrap.kubernetes.io/token`` whose
+``token-id`` and ``token-secret`` match, with ``usage-bootstrap-authentication: "true"``, not
+past its ``expiration`` (by ``wall_clock``, which tests may move), and only
+``system:bootstrappers:`` groups in ``auth-extra-groups``; such a user is
+``system:bootstrap:<id>`` and may ask who it is (``SelfSubjectReview``) and nothing else.
+
 Watch and PATCH are not served (the election uses neither); a list takes an equality
 ``labelSelector``. Fault hooks: ``unreachable`` ("hang": requests are never answered nor
 applied, as in a partition, until it is cleared; "drop": the connection is closed without an
@@ -46,7 +56,9 @@ Run alone: ``python -m osas.sim.kubernetes --port N [--kubeconfig PATH]`` prints
 from __future__ import annotations
 
 import argparse
+import base64
 import copy
+import hmac
 import json
 import re
 import signal
@@ -70,7 +82,8 @@ from osas.sim.serving import BackgroundHttp, TrackedHandler, TrackedHttpServer
 GROUP = "coordination.k8s.io"
 API_VERSION = f"{GROUP}/v1"
 DISCOVERY_GROUP = "discovery.k8s.io"
-LEASES, ENDPOINT_SLICES = "leases", "endpointslices"
+LEASES, ENDPOINT_SLICES, SECRETS = "leases", "endpointslices", "secrets"
+BOOTSTRAP_TOKEN_TYPE = "bootstrap.kubernetes.io/token"  # noqa: S105 - a Secret type's name
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 DEFAULT_TOKEN = "osas-standin-token"  # noqa: S105 - the stand-in's own test token
 DEFAULT_USER = "system:serviceaccount:kube-system:osas"
@@ -82,7 +95,12 @@ _ENDPOINTS_MAX = 1000
 _ADDRESSES_MAX = 100
 _PORT_MAX = 65535
 
-_PATH = re.compile(r"^/apis/([^/]+)/v1/namespaces/([^/]+)/([^/]+?)(?:/([^/]+))?/?$")
+_PATH = re.compile(r"^/apis?/(?:([^/]+)/)?v1/namespaces/([^/]+)/([^/]+?)(?:/([^/]+))?/?$")
+_SELF_SUBJECT_REVIEWS = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+# The bootstrap token authenticator's rules (k8s.io/cluster-bootstrap).
+_BOOTSTRAP_TOKEN = re.compile(r"^([a-z0-9]{6})\.([a-z0-9]{16})$")
+_BOOTSTRAP_GROUP = re.compile(r"^system:bootstrappers:[a-z0-9:-]{0,255}[a-z0-9]$")
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _DNS_LABEL_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _MICRO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)$")
@@ -161,10 +179,11 @@ class _Kind:
 
     @property
     def api_version(self) -> str:
-        return f"{self.group}/v1"
+        return f"{self.group}/v1" if self.group else "v1"
 
     def subject(self, name: str) -> str:
-        return f'{self.plural}.{self.group} "{name}"' if name else f"{self.plural}.{self.group}"
+        plural = f"{self.plural}.{self.group}" if self.group else self.plural
+        return f'{plural} "{name}"' if name else plural
 
     def details(self, name: str) -> dict[str, Any]:
         return {"name": name, "group": self.group, "kind": self.plural}
@@ -334,7 +353,84 @@ ENDPOINT_SLICE = _Kind(
     immutable=("addressType",),
     body=_endpoint_slice_body,
 )
-_KINDS = {kind.plural: kind for kind in (LEASE, ENDPOINT_SLICE)}
+
+
+def _secret_body(kind: _Kind, name: str, document: dict[str, Any]) -> dict[str, Any]:
+    """A Secret as stored: ``stringData`` merged into ``data`` (base64, winning over it),
+    every key a valid one, every ``data`` value base64; ``type`` defaulted to Opaque."""
+    data: dict[str, str] = {}
+    for key, value in (document.get("data") or {}).items():
+        try:
+            base64.b64decode(value, validate=True)
+        except (ValueError, TypeError):
+            raise _invalid(kind, name, f"data[{key}]", "", "illegal base64 data") from None
+        data[key] = value
+    for key, value in (document.get("stringData") or {}).items():
+        data[key] = base64.b64encode(str(value).encode()).decode()
+    for key in data:
+        if not _SECRET_KEY.fullmatch(key):
+            raise _invalid(
+                kind,
+                name,
+                "data",
+                key,
+                "a valid config key must consist of alphanumeric characters, '-', '_' or '.'",
+            )
+    return {"type": document.get("type") or "Opaque", "data": data}
+
+
+SECRET = _Kind(
+    group="",
+    plural=SECRETS,
+    kind="Secret",
+    create_on_update=False,
+    unconditional_update=True,
+    immutable=("type",),
+    body=_secret_body,
+)
+_KINDS = {kind.plural: kind for kind in (LEASE, ENDPOINT_SLICE, SECRET)}
+
+
+def _secret_text(secret: dict[str, Any], key: str) -> str:
+    value = (secret.get("data") or {}).get(key)
+    return base64.b64decode(value).decode() if value else ""
+
+
+def bootstrap_user(
+    secrets_by_name: Callable[[str], dict[str, Any] | None], token: str, now: datetime
+) -> tuple[str, list[str]] | None:
+    """Who a bootstrap token is, as the API server's authenticator says, or None."""
+    match = _BOOTSTRAP_TOKEN.fullmatch(token)
+    if match is None:
+        return None
+    token_id, token_secret = match.groups()
+    secret = secrets_by_name(f"bootstrap-token-{token_id}")
+    if secret is None or not _admits(secret, token_id, token_secret, now):
+        return None
+    extra = _secret_text(secret, "auth-extra-groups")
+    groups = ["system:bootstrappers", *filter(None, (g.strip() for g in extra.split(",")))]
+    if not all(_BOOTSTRAP_GROUP.fullmatch(group) for group in groups[1:]):
+        return None
+    return f"system:bootstrap:{token_id}", groups
+
+
+def _admits(secret: dict[str, Any], token_id: str, token_secret: str, now: datetime) -> bool:
+    """The Secret is a bootstrap token's, the token's, for authentication, and not expired
+    (an expiration that does not parse counts as past)."""
+    expiration = _secret_text(secret, "expiration")
+    if expiration:
+        try:
+            expires = datetime.fromisoformat(expiration)
+        except ValueError:
+            return False
+        if expires.tzinfo is None or now >= expires:
+            return False
+    return (
+        secret.get("type") == BOOTSTRAP_TOKEN_TYPE
+        and hmac.compare_digest(_secret_text(secret, "token-secret"), token_secret)
+        and _secret_text(secret, "token-id") == token_id
+        and _secret_text(secret, "usage-bootstrap-authentication") == "true"
+    )
 
 
 def routes(endpoint_slice: dict[str, Any]) -> list[tuple[str, int, str]]:
@@ -394,7 +490,9 @@ class _Handler(TrackedHandler):
 class _Grant:
     user: str
     namespaces: frozenset[str] | None  # None: every namespace
-    resources: frozenset[str] | None  # None: every resource served (leases, endpointslices)
+    resources: (
+        frozenset[str] | None
+    )  # None: every resource served (leases, endpointslices, secrets)
 
 
 class KubeStandIn(BackgroundHttp):
@@ -420,6 +518,8 @@ class KubeStandIn(BackgroundHttp):
         # Tokens whose requests hang as with HANG, the others answered: one client cut off.
         self.cut_off: set[str] = set()
         self.latency = 0.0
+        # The server's clock: creationTimestamps and bootstrap tokens' expirations.
+        self.wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC)
         self.calls: Counter[str] = Counter()
         self.history: list[Exchange] = []
         self.writes: list[Write] = []
@@ -436,8 +536,8 @@ class KubeStandIn(BackgroundHttp):
         user: str = DEFAULT_USER,
     ) -> None:
         """Accept ``token`` as ``user``, allowed every verb on ``resources`` ("leases",
-        "endpointslices"; None: both) in ``namespaces`` (None: all of them). Granting a token
-        again replaces its grant, as an edited Role would."""
+        "endpointslices", "secrets"; None: all three) in ``namespaces`` (None: all of them).
+        Granting a token again replaces its grant, as an edited Role would."""
         with self.lock:
             self._grants[token] = _Grant(
                 user,
@@ -467,6 +567,17 @@ class KubeStandIn(BackgroundHttp):
 
     def delete_endpoint_slice(self, namespace: str, name: str) -> None:
         self._delete(ENDPOINT_SLICE, namespace, name)
+
+    def secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._read(SECRET, namespace, name)
+
+    def secrets(self, namespace: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [
+                copy.deepcopy(stored)
+                for (plural, where, _), stored in sorted(self._objects.items())
+                if plural == SECRETS and where == namespace
+            ]
 
     def service_endpoint(
         self, namespace: str, service: str, port_name: str | None = None
@@ -538,7 +649,12 @@ class KubeStandIn(BackgroundHttp):
         url = urlsplit(target)
         match = _PATH.fullmatch(url.path)
         kind = _KINDS.get(match.group(3)) if match else None
-        if match is None or kind is None or kind.group != match.group(1):
+        if (
+            match is None
+            or kind is None
+            or kind.group != (match.group(1) or "")
+            or url.path.startswith("/api/") != (kind.group == "")
+        ):
             kind, namespace, name = None, "", ""
         else:
             namespace, name = match.group(2), match.group(4) or ""
@@ -556,11 +672,14 @@ class KubeStandIn(BackgroundHttp):
         if self.latency:
             time.sleep(self.latency)
         try:
-            kind = self._admit(authorization, kind, verb, namespace, name)
-            with self.lock:
-                status, document = self._route(
-                    kind, verb, namespace, name, body=body, query=url.query
-                )
+            if method == "POST" and url.path == _SELF_SUBJECT_REVIEWS:
+                status, document = 201, self._self_subject_review(authorization)
+            else:
+                kind = self._admit(authorization, kind, verb, namespace, name)
+                with self.lock:
+                    status, document = self._route(
+                        kind, verb, namespace, name, body=body, query=url.query
+                    )
         except Refusal as refusal:
             status, document = refusal.code, refusal.status()
         self._exchange(verb, namespace, name, status, resource)
@@ -582,24 +701,52 @@ class KubeStandIn(BackgroundHttp):
             method, method.lower()
         )
 
+    def _authenticate(self, authorization: str) -> tuple[str, list[str], _Grant | None]:
+        """The user, groups and grant of a request's bearer token; 401 when it is nobody."""
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer":
+            raise Refusal(401, "Unauthorized", "Unauthorized")
+        with self.lock:
+            grant = self._grants.get(token)
+            if grant is not None:
+                namespace = grant.user.split(":")[2] if grant.user.count(":") >= 3 else ""  # noqa: PLR2004
+                groups = ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"]
+                return grant.user, [*groups, "system:authenticated"], grant
+            bootstrap = bootstrap_user(
+                lambda name: self._objects.get((SECRETS, "kube-system", name)),
+                token,
+                self.wall_clock(),
+            )
+        if bootstrap is None:
+            raise Refusal(401, "Unauthorized", "Unauthorized")
+        user, groups = bootstrap
+        return user, [*groups, "system:authenticated"], None
+
+    def _self_subject_review(self, authorization: str) -> dict[str, Any]:
+        user, groups, _ = self._authenticate(authorization)
+        return {
+            "kind": "SelfSubjectReview",
+            "apiVersion": "authentication.k8s.io/v1",
+            "metadata": {"creationTimestamp": None},
+            "status": {"userInfo": {"username": user, "groups": groups}},
+        }
+
     def _admit(
         self, authorization: str, kind: _Kind | None, verb: str, namespace: str, name: str
     ) -> _Kind:
         """Authentication first (401 for anything), then the path, then authorization."""
-        scheme, _, token = authorization.partition(" ")
-        with self.lock:
-            grant = self._grants.get(token) if scheme.lower() == "bearer" else None
-        if grant is None:
-            raise Refusal(401, "Unauthorized", "Unauthorized")
+        user, _, grant = self._authenticate(authorization)
         if kind is None:
             raise Refusal(404, "NotFound", "the server could not find the requested resource")
-        if (grant.namespaces is not None and namespace not in grant.namespaces) or (
-            grant.resources is not None and kind.plural not in grant.resources
+        if (
+            grant is None
+            or (grant.namespaces is not None and namespace not in grant.namespaces)
+            or (grant.resources is not None and kind.plural not in grant.resources)
         ):
             raise Refusal(
                 403,
                 "Forbidden",
-                f'{kind.subject(name)} is forbidden: User "{grant.user}" cannot {verb} resource '
+                f'{kind.subject(name)} is forbidden: User "{user}" cannot {verb} resource '
                 f'"{kind.plural}" in API group "{kind.group}" in the namespace "{namespace}"',
                 kind.details(name),
             )
@@ -616,7 +763,8 @@ class KubeStandIn(BackgroundHttp):
         if verb == "list":
             return 200, self._list(kind, namespace, query)
         if verb == "create" and not name:
-            return self._create(kind, namespace, self._decode(kind, body))
+            dry_run = parse_qs(query).get("dryRun") == ["All"]
+            return self._create(kind, namespace, self._decode(kind, body), dry_run=dry_run)
         if verb == "update" and name:
             return self._update(kind, namespace, name, self._decode(kind, body))
         if verb == "delete" and name:
@@ -673,7 +821,7 @@ class KubeStandIn(BackgroundHttp):
         return document
 
     def _create(
-        self, kind: _Kind, namespace: str, document: dict[str, Any]
+        self, kind: _Kind, namespace: str, document: dict[str, Any], *, dry_run: bool = False
     ) -> tuple[int, dict[str, Any]]:
         metadata = document.get("metadata") or {}
         name = metadata.get("name") or ""
@@ -687,8 +835,14 @@ class KubeStandIn(BackgroundHttp):
             raise Refusal(
                 409, "AlreadyExists", f"{kind.subject(name)} already exists", kind.details(name)
             )
+        if dry_run:  # judged in full, stored nowhere, the stored fields as they would be
+            stored["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp=self._stamp())
+            return 201, stored
         self._store(kind, namespace, name, stored, existing=None, verb="create")
         return 201, stored
+
+    def _stamp(self) -> str:
+        return self.wall_clock().astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     def _update(
         self, kind: _Kind, namespace: str, name: str, document: dict[str, Any]
@@ -778,9 +932,7 @@ class KubeStandIn(BackgroundHttp):
                 return
         else:
             stored["metadata"]["uid"] = str(uuid.uuid4())
-            stored["metadata"]["creationTimestamp"] = datetime.now(UTC).strftime(
-                "%Y-%m-%dT%H:%M:%SZ"
-            )
+            stored["metadata"]["creationTimestamp"] = self._stamp()
         self._version += 1
         stored["metadata"]["resourceVersion"] = str(self._version)
         self._objects[kind.plural, namespace, name] = stored
@@ -802,7 +954,7 @@ class KubeStandIn(BackgroundHttp):
                 resource_version=str(self._version),
                 resource=kind.plural,
                 endpoints=()
-                if is_lease or verb == "delete"
+                if kind is not ENDPOINT_SLICE or verb == "delete"
                 else tuple(_route_text(address, port) for address, port, _ in routes(stored)),
             )
         )

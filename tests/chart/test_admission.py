@@ -1,11 +1,13 @@
 """The admission policies the chart ships with osas's grants, their CEL evaluated as the API
 server evaluates them (cel-python) against the requests osas's token makes and those a stolen
-token could make (issue 32): osas's own EndpointSlice and Lease are admitted; a slice for
-another Service, its own slice relabelled for another Service and another component's Lease are
-denied; nobody else's requests are judged at all."""
+token could make (issue 32): osas's own EndpointSlice and Lease and the bootstrap tokens it
+mints are admitted; a slice for another Service, its own slice relabelled for another Service,
+another component's Lease and a Secret of another type, name or group are denied; nobody
+else's requests are judged at all."""
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +24,24 @@ NAMESPACE = "kube-system"
 OSAS = "system:serviceaccount:kube-system:osas"
 
 
+MINTING_WORKERS = {
+    "id": "workers",
+    "min_size": 0,
+    "max_size": 5,
+    "flavor": "m1.large",
+    "image": "ubuntu-24.04-k8s",
+    "networks": ["cluster-net"],
+    "user_data_file": "/etc/osas/bootstrap/user-data",
+    "bootstrap_token": {"ttl": "30m"},
+}
+
+
 @pytest.fixture(scope="module")
 def objects(tmp_path_factory) -> list[dict[str, Any]]:
+    """Every grant the chart can make: leader election on, a group that mints join tokens."""
     chart: Path = chart_copy(tmp_path_factory.mktemp("chart"))
-    return documents(render_files(chart, {"config": {"cluster_name": "prod"}}))
+    values = {"config": {"cluster_name": "prod", "node_groups": [MINTING_WORKERS]}}
+    return documents(render_files(chart, values))
 
 
 def _program(expression: str) -> celpy.Runner:
@@ -39,7 +55,7 @@ def admitted(policy: dict[str, Any], request: dict[str, Any], obj: dict[str, Any
     (failurePolicy Fail)."""
     spec = policy["spec"]
     assert spec["failurePolicy"] == "Fail"
-    activation = {"request": celpy.json_to_cel(request), "object": celpy.json_to_cel(obj)}
+    activation = {"request": celpy.json_to_cel(request), "object": as_cel(obj)}
     for condition in spec["matchConditions"]:
         if not _program(condition["expression"]).evaluate(activation):
             return True
@@ -50,10 +66,28 @@ def admitted(policy: dict[str, Any], request: dict[str, Any], obj: dict[str, Any
     return True
 
 
+def as_cel(obj: dict[str, Any]) -> Any:
+    """The object as the API server hands it to CEL: a Secret's data are bytes, not text."""
+    value = celpy.json_to_cel(obj)
+    if obj.get("kind") == "Secret" and "data" in obj:
+        text = celpy.celtypes.StringType
+        value[text("data")] = celpy.celtypes.MapType(
+            {
+                text(key): celpy.celtypes.BytesType(base64.b64decode(item))
+                for key, item in obj["data"].items()
+            }
+        )
+    return value
+
+
 def request(
     resource: str, name: str, *, namespace: str = NAMESPACE, user: str = OSAS, update: bool = False
 ) -> dict[str, Any]:
-    group = {"endpointslices": "discovery.k8s.io", "leases": "coordination.k8s.io"}[resource]
+    group = {
+        "endpointslices": "discovery.k8s.io",
+        "leases": "coordination.k8s.io",
+        "secrets": "",
+    }[resource]
     return {
         "operation": "UPDATE" if update else "CREATE",
         "name": name,
@@ -82,6 +116,39 @@ def lease(name: str, namespace: str = NAMESPACE) -> dict[str, Any]:
         "kind": "Lease",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"holderIdentity": "osas-0", "leaseDurationSeconds": 3600},
+    }
+
+
+def secret(
+    name: str = "bootstrap-token-abcdef",
+    *,
+    kind: str = "bootstrap.kubernetes.io/token",
+    namespace: str = NAMESPACE,
+    **changes: str | None,
+) -> dict[str, Any]:
+    """A Secret as osas mints it (osas/election/tokens.py), with ``changes`` to its data
+    (None drops a key); its data base64 as the API server stores it."""
+    fields = {
+        "description": "osas: the join of server prod-workers-0a1b (node group workers)",
+        "token-id": name.removeprefix("bootstrap-token-"),
+        "token-secret": "0123456789abcdef",
+        "expiration": "2026-12-05T10:00:00Z",
+        "usage-bootstrap-authentication": "true",
+        "usage-bootstrap-signing": "true",
+        "auth-extra-groups": "system:bootstrappers:kubeadm:default-node-token",
+    }
+    for given, value in changes.items():
+        key = given.replace("_", "-")
+        if value is None:
+            fields.pop(key, None)
+        else:
+            fields[key] = value
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": namespace},
+        "type": kind,
+        "data": {key: base64.b64encode(value.encode()).decode() for key, value in fields.items()},
     }
 
 
@@ -149,6 +216,69 @@ CASES = [
         False,
     ),
     (
+        "a join token as osas mints it",
+        request("secrets", "bootstrap-token-abcdef"),
+        secret(),
+        True,
+    ),
+    (
+        "a join token without the signing usage or the extra group",
+        request("secrets", "bootstrap-token-abcdef"),
+        secret(usage_bootstrap_signing=None, auth_extra_groups=None),
+        True,
+    ),
+    (
+        "a Secret of another type: a ServiceAccount's token",
+        request("secrets", "bootstrap-token-abcdef"),
+        secret(kind="kubernetes.io/service-account-token"),
+        False,
+    ),
+    (
+        "an Opaque Secret",
+        request("secrets", "bootstrap-token-abcdef"),
+        secret(kind="Opaque"),
+        False,
+    ),
+    (
+        "a join token under another name",
+        request("secrets", "cluster-admin-token"),
+        secret("cluster-admin-token"),
+        False,
+    ),
+    (
+        "a join token whose name is not its token-id's",
+        request("secrets", "bootstrap-token-abcdef"),
+        secret(token_id="zzzzzz"),
+        False,
+    ),
+    (
+        "a join token that never expires",
+        request("secrets", "bootstrap-token-abcdef"),
+        secret(expiration=None),
+        False,
+    ),
+    (
+        "a join token in another bootstrappers group",
+        request("secrets", "bootstrap-token-abcdef"),
+        secret(
+            auth_extra_groups="system:bootstrappers:kubeadm:default-node-token,"
+            "system:bootstrappers:worker-admins"
+        ),
+        False,
+    ),
+    (
+        "a join token with a key of its own",
+        request("secrets", "bootstrap-token-abcdef"),
+        secret(**{"usage-something-else": "true"}),
+        False,
+    ),
+    (
+        "a join token in another namespace",
+        request("secrets", "bootstrap-token-abcdef", namespace="default"),
+        secret(namespace="default"),
+        False,
+    ),
+    (
         "kube-controller-manager writing a slice for kube-dns: not osas, not judged",
         request(
             "endpointslices",
@@ -195,12 +325,42 @@ def test_the_policy_is_bound_to_deny_and_covers_every_write_osas_may_make(object
     assert all(operations == {"CREATE", "UPDATE"} for operations in rules.values())
 
 
-def test_without_election_there_is_no_grant_and_no_policy(tmp_path):
+def test_without_election_or_join_tokens_there_is_no_grant_and_no_policy(tmp_path):
     chart = chart_copy(tmp_path)
     values = {"replicaCount": 1, "config": {"leader_election": {"enabled": False}}}
     objects = documents(render_files(chart, values))
     kinds = {o["kind"] for o in objects}
     assert not kinds & {"Role", "RoleBinding", "ValidatingAdmissionPolicy"}
+
+
+def test_join_tokens_without_election_grant_secrets_alone_held_by_the_policy(tmp_path):
+    chart = chart_copy(tmp_path)
+    values = {
+        "replicaCount": 1,
+        "config": {"leader_election": {"enabled": False}, "node_groups": [MINTING_WORKERS]},
+    }
+    objects = documents(render_files(chart, values))
+    (role,) = [o for o in objects if o["kind"] == "Role"]
+    assert role["metadata"]["namespace"] == "kube-system"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]
+    policy = find(objects, "ValidatingAdmissionPolicy")
+    assert [r["resources"] for r in policy["spec"]["matchConstraints"]["resourceRules"]] == [
+        ["secrets"]
+    ]
+    assert admitted(policy, request("secrets", "bootstrap-token-abcdef"), secret())
+    assert not admitted(policy, request("secrets", "bootstrap-token-abcdef"), secret(kind="Opaque"))
+
+
+def test_without_join_tokens_no_secret_is_granted(tmp_path):
+    chart = chart_copy(tmp_path)
+    objects = documents(render_files(chart, {"config": {"cluster_name": "prod"}}))
+    resources = {
+        resource
+        for role in (o for o in objects if o["kind"] == "Role")
+        for rule in role["rules"]
+        for resource in rule["resources"]
+    }
+    assert resources == {"leases", "endpointslices"}
 
 
 def _grants_table() -> list[dict[str, str]]:
@@ -218,7 +378,12 @@ def _grants_table() -> list[dict[str, str]]:
 def test_the_grants_are_those_docs_security_lists(objects):
     """Every verb on every resource the Roles grant, with the names RBAC narrows it to and
     the names the policy admits, is a row of the table, and every row is granted."""
-    names = {"<lease>": "osas-prod", "<slice>": "osas-leader", "any": None}
+    names = {
+        "<lease>": "osas-prod",
+        "<slice>": "osas-leader",
+        "bootstrap-token-<id>": "bootstrap-token-",
+        "any": None,
+    }
     granted = {
         (
             group,
@@ -233,7 +398,7 @@ def test_the_grants_are_those_docs_security_lists(objects):
     }
     listed = {
         (
-            row["API group"],
+            "" if row["API group"] == "(core)" else row["API group"],
             row["resource"],
             frozenset(verb.strip() for verb in row["verbs"].split(",")),
             None

@@ -47,6 +47,8 @@ GROUP = {
     "options": {"scale_down_unneeded_time": "10m"},
     "user_data": "#cloud-config\n",
 }
+# A group that mints a join token per server (the default ttl: 30m).
+MINTING = {**GROUP, "user_data": "join --token ${bootstrap_token}\n", "bootstrap_token": {}}
 BASE = {
     "config": {
         "pricing": {"cpu_per_hour": 0.02, "memory_gib_per_hour": 0.01},
@@ -278,6 +280,18 @@ CROSS = {
         for text in ['{"ignition": {"version": "3.4.0"}}', "[1, 2]", "3", '"x"', "{", "", "1, 2"]
     ],
     "shutdown-grace": [(("shutdown_grace",), -1), (("shutdown_grace",), 0)],
+    "bootstrap-token": [
+        (("node_groups",), [{**MINTING, "bootstrap_token": {"ttl": ttl}}])
+        for ttl in ["1m59s", "2m", 120, "24h", "24h1s", 86401]
+    ]
+    + [
+        (("node_groups",), [{**GROUP, "bootstrap_token": {}}]),  # user_data never says it
+        (("node_groups",), [{**MINTING, "user_data": None}]),
+        (("node_groups",), [{**MINTING, "user_data": None, "user_data_file": "/etc/u"}]),
+        (("node_groups",), [{**MINTING, "options": {"max_node_provision_time": "30m"}}]),
+        (("node_groups",), [{**MINTING, "options": {"max_node_provision_time": "31m"}}]),
+        (("node_groups",), [{**MINTING, "bootstrap_token": None}]),
+    ],
 }
 
 

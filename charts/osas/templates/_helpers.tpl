@@ -189,6 +189,12 @@ app.kubernetes.io/component: test
 {{- if or (not (hasKey $election "enabled")) $election.enabled }}true{{ end }}
 {{- end }}
 
+{{/* "true" when a node group mints a join token per server (bootstrap_token): osas then creates
+Secrets in kube-system, held by the admission policy to kubeadm bootstrap tokens. */}}
+{{- define "osas.mintsJoinTokens" -}}
+{{- range .Values.config.node_groups }}{{ if not (kindIs "invalid" .bootstrap_token) }}true{{ end }}{{ end }}
+{{- end }}
+
 {{/* The Lease the replicas compete for, as osas names it: lease_name, else osas-<cluster_name>.
 Per cluster, not per release: any copy of osas for this cluster competes for it. */}}
 {{- define "osas.leaseName" -}}
@@ -378,6 +384,24 @@ the pod at its start (with Recreate, an upgrade would take osas down). */}}
 {{- $parsed := printf "{\"user_data\": %s}" $group.user_data | fromJson }}
 {{- if or (hasKey $parsed "Error") (ne (len $parsed) 1) }}
 {{- fail (printf "%s: user_data is not JSON (user_data_format: json)" $where) }}
+{{- end }}
+{{- end }}
+{{- if not (kindIs "invalid" $group.bootstrap_token) }}
+{{- $token := include "osas.withDefaults" (dict "name" "bootstrap_token" "given" $group.bootstrap_token) | fromJson }}
+{{- $ttl := include "osas.seconds" $token.ttl | float64 }}
+{{- if or (lt $ttl 120.0) (gt $ttl 86400.0) }}
+{{- fail (printf "%s: bootstrap_token.ttl must be between 2m and 24h, not %ss: long enough for a server to build and join, short enough that user data read later joins nothing" $where (toString $ttl)) }}
+{{- end }}
+{{- if not (or $inline $file) }}
+{{- fail (printf "%s: bootstrap_token needs a template to fill ${bootstrap_token} in: user_data or user_data_file" $where) }}
+{{- end }}
+{{- if and $inline (not (contains "${bootstrap_token}" $group.user_data)) }}
+{{- fail (printf "%s: bootstrap_token is set but user_data never says ${bootstrap_token}: every create would mint a token nothing uses" $where) }}
+{{- end }}
+{{- with (default (dict) $group.options).max_node_provision_time }}
+{{- if lt $ttl (include "osas.seconds" . | float64) }}
+{{- fail (printf "%s: bootstrap_token.ttl (%ss) is shorter than options.max_node_provision_time: a server that joins late but in time for CA would find its token expired" $where (toString $ttl)) }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- if hasKey $seen $group.id }}
