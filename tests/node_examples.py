@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 import yaml
 
-from osas.domain.specs import NodeGroupSpec
+from osas.domain.specs import BootstrapTokenSpec, NodeGroupSpec
 from osas.engine.userdata import (
     SecretFiles,
     build_user_data,
@@ -49,6 +49,9 @@ PROVIDER_ID = f"openstack:///{INSTANCE_ID}"
 # What the files of a bootstrap Secret hold, in the forms the node software expects.
 SAMPLE_VALUES = {
     "join_token": "abcdef.0123456789abcdef",
+    # What osas fills in for a group with bootstrap_token (tests mint a real one where it
+    # matters: tests/test_node_examples.py).
+    "bootstrap_token": "k2m4p6.q8r0t2v4x6z8b0d2",
     "ca_cert_hash": "sha256:" + "5e" * 32,
 }
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
@@ -150,6 +153,7 @@ class GroupKeys:
     user_data_file: str | None
     user_data_vars: dict[str, str]
     user_data_format: str
+    minted: bool  # bootstrap_token: osas mints ${bootstrap_token} per server
 
 
 def _mappings(node: Any) -> Iterator[dict[str, Any]]:
@@ -169,6 +173,7 @@ def group_keys(document: Any) -> list[GroupKeys]:
             user_data_file=mapping.get("user_data_file"),
             user_data_vars=dict(mapping.get("user_data_vars") or {}),
             user_data_format=mapping.get("user_data_format", "text"),
+            minted=mapping.get("bootstrap_token") is not None,
         )
         for mapping in _mappings(document)
         if {"user_data", "user_data_file", "user_data_vars"} & mapping.keys()
@@ -202,6 +207,7 @@ class Example:
     user_data_format: str
     joins: bool  # meant to make a node join (not the simulator's stand-in user data)
     problems: list[str] = field(default_factory=list)
+    minted: bool = False  # its group has bootstrap_token: osas fills ${bootstrap_token}
 
 
 def _nearest(blocks: list[Block], sections: tuple[str, ...], wanted: Any) -> list[Any]:
@@ -248,6 +254,7 @@ def page_examples(path: Path) -> list[Example]:
             continue
         group = keys[0]
         example.user_data_format = group.user_data_format
+        example.minted = group.minted
         created = {
             posixpath.join(mounts.get(secret.name, "?"), key)
             for secret in secrets
@@ -282,6 +289,7 @@ def config_examples(path: Path, document: Any, *, joins: bool) -> list[Example]:
             variables={name: sample_value(name) for name in group.user_data_vars},
             user_data_format=group.user_data_format,
             joins=joins,
+            minted=group.minted,
         )
         for group in group_keys(document)
         if group.user_data is not None
@@ -319,9 +327,10 @@ def all_examples() -> list[Example]:
 # -- rendering, as osas does it for a create ------------------------------------------------------
 
 
-def render(example: Example, folder: Path) -> str:
+def render(example: Example, folder: Path, *, bootstrap_token: str | None = None) -> str:
     """The user data osas would send for a server of ``workers``: the template and each
-    variable's value in files, as the mounted Secret holds them."""
+    variable's value in files, as the mounted Secret holds them; for a group that mints,
+    ``bootstrap_token`` (its sample unless given) as osas's minted token."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "user-data").write_text(example.template)
     files = {}
@@ -338,14 +347,19 @@ def render(example: Example, folder: Path) -> str:
         user_data_file=str(folder / "user-data"),
         user_data_vars=files,
         user_data_format=example.user_data_format,
+        bootstrap_token=BootstrapTokenSpec() if example.minted else None,
     )
-    text = build_user_data(spec, cluster_name=CLUSTER, name=SERVER_NAME, files=SecretFiles())
+    token = (bootstrap_token or SAMPLE_VALUES["bootstrap_token"]) if example.minted else None
+    text = build_user_data(
+        spec, cluster_name=CLUSTER, name=SERVER_NAME, files=SecretFiles(), bootstrap_token=token
+    )
     assert text is not None
     return text
 
 
 def unfilled(example: Example) -> list[str]:
-    return [str(p) for p in unfilled_placeholders(example.template, example.variables)]
+    variables = [*example.variables, *(["bootstrap_token"] if example.minted else [])]
+    return [str(p) for p in unfilled_placeholders(example.template, variables)]
 
 
 # -- the tools ------------------------------------------------------------------------------------

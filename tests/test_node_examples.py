@@ -11,10 +11,12 @@ import json
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime
 
 import pytest
 import yaml
 from node_examples import (
+    CLUSTER,
     INSTANCE_ID,
     PROVIDER_ID,
     ROOT,
@@ -38,6 +40,9 @@ from node_examples import (
 )
 from support import config_data, write_config
 
+from osas.election.tokens import NODE_TOKEN_GROUP, BootstrapTokens
+from osas.sim.kubernetes import KubeStandIn, bootstrap_user
+
 EXAMPLES = all_examples()
 INSTALL = "docs/install.md"
 
@@ -58,7 +63,10 @@ def test_the_examples_are_found_where_users_read_them():
         f"{INSTALL}: Step 2: user data and the join token / RKE2 agent",
         f"{INSTALL}: Step 2: user data and the join token / k3s agent",
         f"{INSTALL}: Step 2: user data and the join token / kubeadm (Kubernetes 1.27 and later)",
+        f"{INSTALL}: Step 2: user data and the join token / kubeadm with a token per server",
     ]
+    (minted,) = [e.name for e in EXAMPLES if e.minted]
+    assert minted.endswith("kubeadm with a token per server")
     # The local try's stand-in, which the simulator takes and no node boots.
     assert [e.name for e in EXAMPLES if not e.joins] == ["examples/osas.yaml: inline user_data"]
     assert all(e.kind in {"cloud-config", "ignition"} for e in EXAMPLES)
@@ -137,7 +145,8 @@ def test_a_node_booted_from_an_example_joins_with_its_provider_id(example, tmp_p
     software = joined_as(boot)
     if software == "kubeadm":
         join = next(call for call in boot.calls if call[:2] == ["kubeadm", "join"])
-        assert flag(join, "--token") == SAMPLE_VALUES["join_token"]
+        token = SAMPLE_VALUES["bootstrap_token" if example.minted else "join_token"]
+        assert flag(join, "--token") == token
         assert flag(join, "--discovery-token-ca-cert-hash") == SAMPLE_VALUES["ca_cert_hash"]
         assert flag(join, "--node-name") == SERVER_NAME
     else:
@@ -145,6 +154,32 @@ def test_a_node_booted_from_an_example_joins_with_its_provider_id(example, tmp_p
         assert settings["token"] == SAMPLE_VALUES["join_token"]
         assert settings["node-name"] == SERVER_NAME
         assert settings["server"].startswith("https://")
+
+
+async def test_the_per_server_token_example_joins_with_a_token_that_authenticates(tmp_path):
+    """The page's template rendered with a token osas minted (against the Kubernetes stand-in,
+    whose authenticator has the API server's rules) and booted: kubeadm join gets that token,
+    and it authenticates as a kubeadm node bootstrapper."""
+    (example,) = [e for e in EXAMPLES if e.minted]
+    with KubeStandIn() as standin:
+        tokens = BootstrapTokens(
+            standin.write_kubeconfig(tmp_path / "kubeconfig"), cluster_name=CLUSTER
+        )
+        try:
+            minted = await tokens.mint(server_name=SERVER_NAME, group_id="workers", ttl=1800)
+        finally:
+            await tokens.aclose()
+        text = render(example, tmp_path / "secret", bootstrap_token=minted)
+        assert cloud_init_schema(text, tmp_path) == ""
+        boot = boot_cloud_config(text, tmp_path)
+        assert boot.returncode == 0, boot.output
+        join = next(call for call in boot.calls if call[:2] == ["kubeadm", "join"])
+        assert flag(join, "--token") == minted
+        secret = standin.secret("kube-system", f"bootstrap-token-{minted[:6]}")
+        assert secret is not None
+        assert bootstrap_user(
+            lambda name: standin.secret("kube-system", name), minted, datetime.now(UTC)
+        ) == (f"system:bootstrap:{minted[:6]}", ["system:bootstrappers", NODE_TOKEN_GROUP])
 
 
 def test_the_ignition_example_runs_its_join_from_an_enabled_unit():
@@ -184,7 +219,7 @@ def test_the_kubeadm_example_works_across_the_documented_range():
 def test_check_config_names_a_variable_the_page_forgot(tmp_path):
     """The kubeadm example as an earlier page had it: ``${ca_cert_hash}`` used, but no Secret
     file and no ``user_data_vars`` entry for it."""
-    (example,) = [e for e in EXAMPLES if "kubeadm" in e.name and e.kind == "cloud-config"]
+    (example,) = [e for e in EXAMPLES if "kubeadm (Kubernetes" in e.name]
     (tmp_path / "user-data").write_text(example.template)
     (tmp_path / "token").write_text(SAMPLE_VALUES["join_token"] + "\n")
     data = config_data()

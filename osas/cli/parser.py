@@ -117,7 +117,8 @@ def _add_check_config(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "Validates the configuration file, its TLS files and user data as osas serve would, "
         "then looks up every name it uses (image, flavor, networks, security groups, key pair, "
         "server group) in the cloud and prints a line for each. It reads only: nothing is "
-        "created or changed.",
+        "created or changed (a group's join token is minted in a dry run, which the "
+        "Kubernetes API judges and stores nowhere).",
     )
     _config_option(check)
     check.add_argument(
