@@ -402,13 +402,15 @@ def real_api_server() -> tuple[Path, str, str | None]:
     return Path(path), cluster["server"], base64.b64decode(ca).decode() if ca else None
 
 
-async def test_on_a_real_api_server_the_token_authenticates_as_a_bootstrapper():
+async def test_on_a_real_api_server_the_token_authenticates_as_a_bootstrapper_until_it_expires():
     kubeconfig, url, ca = real_api_server()
     tokens = BootstrapTokens(kubeconfig, cluster_name="osas-test")
     try:
-        token = await tokens.mint(server_name="osas-test-1", group_id="workers", ttl=120)
+        token = await tokens.mint(server_name="osas-test-1", group_id="workers", ttl=6)
     finally:
         await tokens.aclose()
     answer = who_am_i(url, token, ca)
     assert answer["username"] == f"system:bootstrap:{token[:6]}"
     assert set(answer["groups"]) >= {"system:bootstrappers", NODE_TOKEN_GROUP}
+    await asyncio.sleep(8)  # past its expiration (whole seconds) by the API server's clock
+    assert who_am_i(url, token, ca) == 401
