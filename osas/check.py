@@ -15,19 +15,20 @@ from typing import TextIO
 
 import anyio
 
+from osas.app import join_tokens_for
 from osas.cloud.errors import CloudError
 from osas.cloud.port import Cloud, Reference
-from osas.config import OsasConfig
+from osas.config import ConfigError, OsasConfig
 from osas.domain.quota import QuotaBook
 from osas.domain.servers import Flavor
 from osas.domain.specs import NodeGroupSpec
-from osas.election.port import ElectionSetupError, JoinTokenError
-from osas.election.tokens import BootstrapTokens
+from osas.election.port import JoinTokenError
 from osas.engine.userdata import (
     TOKEN_OF_ITS_SIZE,
     SecretFiles,
     UserDataError,
     build_user_data,
+    mints_unused_tokens,
     read_template,
     template_variables,
     unfilled_hint,
@@ -178,7 +179,7 @@ def check_user_data(config: OsasConfig, out: TextIO) -> int:
         if text is None or read is None:
             continue
         template, source = read
-        if spec.bootstrap_token is not None and "${bootstrap_token}" not in template:
+        if mints_unused_tokens(spec, template):
             out.write(
                 f"user data: PROBLEM: node group {group!r}: {source} never says "
                 "${bootstrap_token}, yet bootstrap_token mints a token for each create\n"
@@ -208,15 +209,13 @@ async def check_join_tokens(config: OsasConfig, out: TextIO) -> int:
         for spec in config.cluster_spec().node_groups
         if spec.bootstrap_token is not None
     ]
-    if not specs:
-        return EXIT_OK
     try:
-        tokens = BootstrapTokens(
-            config.leader_election.kubeconfig, cluster_name=config.cluster_name
-        )
-    except ElectionSetupError as exc:
-        out.write(f"join tokens: PROBLEM: no Kubernetes API to mint them with: {exc}\n\n")
+        tokens = join_tokens_for(config, None)
+    except ConfigError as exc:
+        out.write(f"join tokens: PROBLEM: {exc}\n\n")
         return EXIT_FAILED
+    if tokens is None:  # no group mints: nothing to rehearse
+        return EXIT_OK
     problems = 0
     try:
         for group, ttl in specs:

@@ -67,6 +67,11 @@ class JoinTokens(Protocol):
         seconds by the API server's clock; raises JoinTokenError."""
         ...
 
+    async def rehearse(self, *, group_id: str, ttl: float) -> str:
+        """A mint judged in full by the cluster and stored nowhere (check-config's dry run):
+        the name the Secret would have; raises JoinTokenError as ``mint`` does."""
+        ...
+
     async def aclose(self) -> None:
         """Close the connection; idempotent."""
         ...

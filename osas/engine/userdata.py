@@ -89,6 +89,11 @@ def template_variables(spec: NodeGroupSpec) -> frozenset[str]:
     return frozenset(spec.user_data_vars).union(minted)
 
 
+def mints_unused_tokens(spec: NodeGroupSpec, template: str) -> bool:
+    """The group mints a join token per create that its template never fills in."""
+    return spec.bootstrap_token is not None and f"${{{BOOTSTRAP_TOKEN_VARIABLE}}}" not in template
+
+
 def unfilled_placeholders(template: str, variables: Iterable[str]) -> tuple[Unfilled, ...]:
     """Every ``${name}`` in ``template`` that neither ``variables`` nor osas fills, with its
     line. Only the braced form counts: ``$name`` is how a shell variable is written, and

@@ -32,6 +32,7 @@ from osas.engine.userdata import (
     SecretFiles,
     UserDataError,
     build_user_data,
+    mints_unused_tokens,
     read_template,
     template_variables,
     unfilled_hint,
@@ -147,7 +148,7 @@ class Workers:
         if self._checked_templates.get(spec.group_id) == checked:
             return
         self._checked_templates[spec.group_id] = checked
-        if spec.bootstrap_token is not None and "${bootstrap_token}" not in template:
+        if mints_unused_tokens(spec, template):
             logger.warning(
                 "bootstrap_token is set but the user data never says ${bootstrap_token}: each "
                 "create mints a token nothing uses",

@@ -38,6 +38,20 @@ SHIPPED_FILES = {
 }
 
 
+# A node group that mints a join token per server: the chart then grants create on Secrets in
+# kube-system, held by its admission policy (tests/chart/test_admission.py and the real-API lane).
+MINTING_WORKERS = {
+    "id": "workers",
+    "min_size": 0,
+    "max_size": 5,
+    "flavor": "m1.large",
+    "image": "ubuntu-24.04-k8s",
+    "networks": ["cluster-net"],
+    "user_data_file": "/etc/osas/bootstrap/user-data",
+    "bootstrap_token": {"ttl": "30m"},
+}
+
+
 def chart_copy(folder: Path) -> Path:
     """The chart, with stand-ins for the shipped files that do not exist yet (in the copy only)."""
     target = folder / "osas"

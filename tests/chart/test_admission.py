@@ -18,22 +18,10 @@ pytest.importorskip("helm_python", reason="chart tests run in their own venv: no
 pytest.importorskip("celpy", reason="chart tests run in their own venv: nox -s chart")
 
 import celpy
-from chartkit import chart_copy, documents, find, render_files, validate
+from chartkit import MINTING_WORKERS, chart_copy, documents, find, render_files, validate
 
 NAMESPACE = "kube-system"
 OSAS = "system:serviceaccount:kube-system:osas"
-
-
-MINTING_WORKERS = {
-    "id": "workers",
-    "min_size": 0,
-    "max_size": 5,
-    "flavor": "m1.large",
-    "image": "ubuntu-24.04-k8s",
-    "networks": ["cluster-net"],
-    "user_data_file": "/etc/osas/bootstrap/user-data",
-    "bootstrap_token": {"ttl": "30m"},
-}
 
 
 @pytest.fixture(scope="module")

@@ -22,21 +22,11 @@ import yaml
 
 pytest.importorskip("helm_python", reason="chart tests run in their own venv: nox -s chart")
 
-from chartkit import chart_copy, documents, render_files
+from chartkit import MINTING_WORKERS, chart_copy, documents, render_files
 
 from osas.election.tokens import NODE_TOKEN_GROUP, BootstrapTokens
 
 NAMESPACE = "kube-system"
-MINTING_WORKERS = {
-    "id": "workers",
-    "min_size": 0,
-    "max_size": 5,
-    "flavor": "m1.large",
-    "image": "ubuntu-24.04-k8s",
-    "networks": ["cluster-net"],
-    "user_data_file": "/etc/osas/bootstrap/user-data",
-    "bootstrap_token": {"ttl": "30m"},
-}
 # Where each kind is created, and in which order (the policy before its binding).
 PATHS = {
     "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
