@@ -4,6 +4,7 @@ time."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import uuid
 from datetime import timedelta
@@ -725,6 +726,18 @@ def test_full_sync_replaces_the_servers_whole():
     assert len(inv.snapshot) == 2
     assert inv.ledger.recently_removed(pid(a))
     assert not inv.ledger.recently_removed(pid(b))
+
+
+def test_the_snapshot_hands_back_its_own_object_for_a_server_it_holds_unchanged():
+    a = server(request_id="r-a")
+    inv = inventory(None, a)
+    same = dataclasses.replace(a)  # equal, another object: what a new listing makes
+    assert same is not a
+    assert inv.snapshot.held(same) is a
+    moved = dataclasses.replace(a, status="ERROR")
+    assert inv.snapshot.held(moved) is moved  # changed: the listing's own, to be applied
+    unknown = server()
+    assert inv.snapshot.held(unknown) is unknown
 
 
 def test_full_sync_drops_deleted_status_servers():

@@ -6,8 +6,11 @@ the benchmark (`osas bench`, docs/BENCHMARKS.md), not asserted here."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 import anyio
 from fake_cloud import FakeCloud
@@ -28,7 +31,7 @@ from osas.cloud.openstack import OpenStackCloud
 from osas.cloud.port import CreateServerRequest
 from osas.config import load_config
 from osas.domain.inventory import Inventory
-from osas.domain.servers import META_CLUSTER, OwnershipMarks
+from osas.domain.servers import META_CLUSTER, OwnershipMarks, Server
 from osas.engine.queue import TaskQueue
 from osas.engine.reconciler import Reconciler
 from osas.protocol import externalgrpc_pb2 as pb
@@ -37,6 +40,7 @@ from osas.sim import SimulatedOpenStack
 from osas.sim.model import FakeNova
 
 AN_HOUR_AGO = datetime.now(UTC) - timedelta(hours=1)
+T = TypeVar("T")
 
 
 def seeded(count: int, group: str = "workers") -> FakeNova:
@@ -129,6 +133,26 @@ async def test_node_group_nodes_is_serialised_once_per_change_of_its_group(tmp_p
         await provider.stop()
 
 
+async def probed_complete_listing(reconciler: Reconciler, probe: Callable[[], T]) -> list[T]:
+    """A complete listing, with ``probe`` called at every turn it gives other tasks."""
+    seen: list[T] = []
+    listed = anyio.Event()
+
+    async def prober() -> None:
+        while not listed.is_set():
+            seen.append(probe())
+            await asyncio.sleep(0)
+
+    async def listing() -> None:
+        await reconciler.reconcile_once(full=True)
+        listed.set()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(listing)
+        group.start_soon(prober)
+    return seen
+
+
 async def test_a_complete_resync_lets_readers_in_between_its_slices(tmp_path):
     """A reader scheduled while a complete listing of 20,000 servers is compared with the
     inventory runs before that comparison ends, and only ever sees the inventory before the
@@ -139,25 +163,55 @@ async def test_a_complete_resync_lets_readers_in_between_its_slices(tmp_path):
     assert inventory.target_size("big") == 20_000
     for server in nova.live_servers()[:5000]:
         nova.delete_server(server.server_id)  # behind osas's back: only a complete listing shows
-    seen: list[int] = []
-    resynced = anyio.Event()
-
-    async def reader() -> None:
-        while not resynced.is_set():
-            seen.append(inventory.target_size("big"))
-            await asyncio.sleep(0)
-
-    async def resync() -> None:
-        await reconciler.reconcile_once(full=True)
-        resynced.set()
-
-    async with anyio.create_task_group() as group:
-        group.start_soon(resync)
-        group.start_soon(reader)
+    seen = await probed_complete_listing(reconciler, lambda: inventory.target_size("big"))
 
     assert len(seen) > 3  # the reader had turns while the resync ran
     assert set(seen) == {20_000}  # and saw the inventory whole, as it was
     assert inventory.target_size("big") == 15_000
+
+
+def servers_alive() -> int:
+    """Server objects the interpreter holds, wherever they are (the collector tracks each)."""
+    return sum(1 for held in gc.get_objects() if type(held) is Server)
+
+
+async def test_a_complete_listing_of_unchanged_servers_keeps_nothing_new(tmp_path):
+    """A complete listing that shows the same servers again keeps the inventory's own
+    objects, during the listing as after it: at any turn it gives other tasks, the objects
+    alive are the inventory's and those of what changed, never a second copy of every server
+    (which the collector would walk, and which would hold memory until the listing ends)."""
+    nova = seeded(3000, group="big")
+    reconciler, inventory = reconciler_for(tmp_path, FakeCloud(nova), node_groups=[BIG])
+    await reconciler.reconcile_once(full=True)
+    before = {s.server_id: s for s in inventory.snapshot.servers()}
+    changed = nova.live_servers()[:10]
+    with nova.lock:
+        for server in changed:
+            server.status = "ERROR"  # behind every changes-since: a complete listing shows it
+    counts = await probed_complete_listing(reconciler, servers_alive)
+
+    assert len(counts) > 3  # the listing gave other tasks turns
+    assert max(counts) <= 3000 + len(changed) + 1
+    snapshot = inventory.snapshot
+    moved = {server.server_id for server in changed}
+    assert all(snapshot.get(i) is s for i, s in before.items() if i not in moved)
+    assert all(snapshot.get(i).status == "ERROR" for i in moved)
+
+
+async def test_repeated_complete_listings_of_the_same_servers_keep_no_more_objects(tmp_path):
+    """Objects the collector tracks stay the same in number across complete listings of the
+    same servers: none outlives the listing that made it."""
+    nova = seeded(2000, group="big")
+    reconciler, inventory = reconciler_for(tmp_path, FakeCloud(nova), node_groups=[BIG])
+    tracked: list[int] = []
+    for _ in range(6):
+        await reconciler.reconcile_once(full=True)
+        gc.collect()
+        tracked.append(len(gc.get_objects()))
+    assert servers_alive() == len(inventory.snapshot) == 2000
+    # The first listings warm what is made once (caches, the ledger's books); from then on a
+    # listing of 2,000 unchanged servers leaves a few objects at most, not thousands.
+    assert max(tracked[2:]) - tracked[2] <= 50, tracked
 
 
 async def test_a_resync_reads_every_servers_state_and_marks_again(tmp_path):

@@ -344,10 +344,17 @@ class Reconciler:
     async def _claim(self, records: list[ServerRecord]) -> dict[str, Server | None]:
         """Each record as ours (a Server) or not (None), by id, in slices."""
         claimed: dict[str, Server | None] = {}
-        claim = self._marks.claim
+        claim, held = self._marks.claim, self._inventory.snapshot.held
         async for chunk in _turns(records, _RECORDS_PER_SLICE):
             for record in chunk:
-                claimed[record.server_id] = claim(record)
+                server = claim(record)
+                if server is None:
+                    claimed[record.server_id] = None
+                else:
+                    # An unchanged server stays the snapshot's object, keyed by its id string:
+                    # nothing of the record outlives its page.
+                    server = held(server)
+                    claimed[server.server_id] = server
         return claimed
 
     async def _claim_pages(
@@ -386,7 +393,7 @@ class Reconciler:
         snapshot = self._inventory.snapshot
         changed: list[Server] = []
         async for chunk in _turns(list(details.values()), _RECORDS_PER_SLICE):
-            changed += (s for s in chunk if s is not None and snapshot.get(s.server_id) != s)
+            changed += (s for s in chunk if s is not None and snapshot.get(s.server_id) is not s)
         gone: list[str] = []
         unowned: list[str] = []
         async for known in _turns(snapshot.ids(), _IDS_PER_SLICE):
