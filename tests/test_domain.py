@@ -476,6 +476,57 @@ def test_claim_without_request_id_still_ours():
     assert claimed.request_id is None
 
 
+_IDS = (str(uuid.uuid4()), str(uuid.uuid4()))
+
+
+@st.composite
+def listed(draw: st.DrawFn) -> ServerRecord:
+    """A record of one of two servers, each field from a few values (equal faults as distinct
+    objects too): two draws often agree on all but one field."""
+    group = draw(st.sampled_from(["workers", "gpu"]))
+    request = draw(st.sampled_from([REQ, "r-other", None]))
+    metadata = {META_CLUSTER: CLUSTER, META_GROUP: group}
+    if request is not None:
+        metadata[META_REQUEST] = request
+    return ServerRecord(
+        server_id=draw(st.sampled_from(_IDS)),
+        name=draw(st.sampled_from(["prod-workers-1", "prod-workers-2"])),
+        status=draw(st.sampled_from(["active", "ACTIVE", "BUILD", "ERROR"])),
+        metadata=metadata,
+        tags=frozenset(OwnershipMarks(CLUSTER).tags(REQ)),
+        task_state=draw(st.sampled_from([None, "deleting", "spawning"])),
+        fault=draw(
+            st.sampled_from([None, "boom", "boom", "gone"]).map(
+                lambda text: None if text is None else Fault(500, text)
+            )
+        ),
+        created=draw(st.sampled_from(["", "2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z"])),
+    )
+
+
+@given(listed(), listed())
+def test_a_claim_hands_back_the_known_server_exactly_when_nothing_changed(before, now):
+    """What the inventory holds comes back for a record that shows it as it is, and a new
+    server for one that shows any change: the same server either way."""
+    marks = OwnershipMarks(CLUSTER)
+    known = marks.claim(before)
+    assert known is not None
+    fresh = marks.claim(now)
+    claimed = marks.claim(now, known)
+    assert claimed == fresh
+    assert (claimed is known) == (fresh == known)
+
+
+def test_a_claim_refuses_a_record_without_marks_whatever_is_known():
+    marks = OwnershipMarks(CLUSTER)
+    rec = record(fault=Fault(500, "boom"))
+    known = marks.claim(rec)
+    again = dataclasses.replace(rec, fault=Fault(500, "boom"))  # listed again: new objects
+    assert marks.claim(again, known) is known
+    unmarked = dataclasses.replace(rec, tags=frozenset())
+    assert marks.claim(unmarked, known) is None
+
+
 @pytest.mark.parametrize(
     ("metadata", "tags"),
     [
@@ -726,18 +777,6 @@ def test_full_sync_replaces_the_servers_whole():
     assert len(inv.snapshot) == 2
     assert inv.ledger.recently_removed(pid(a))
     assert not inv.ledger.recently_removed(pid(b))
-
-
-def test_the_snapshot_hands_back_its_own_object_for_a_server_it_holds_unchanged():
-    a = server(request_id="r-a")
-    inv = inventory(None, a)
-    same = dataclasses.replace(a)  # equal, another object: what a new listing makes
-    assert same is not a
-    assert inv.snapshot.held(same) is a
-    moved = dataclasses.replace(a, status="ERROR")
-    assert inv.snapshot.held(moved) is moved  # changed: the listing's own, to be applied
-    unknown = server()
-    assert inv.snapshot.held(unknown) is unknown
 
 
 def test_full_sync_drops_deleted_status_servers():

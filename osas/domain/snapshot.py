@@ -87,13 +87,6 @@ class Snapshot:
     def get(self, server_id: str) -> Server | None:
         return self._servers.get(server_id)
 
-    def held(self, server: Server) -> Server:
-        """The snapshot's own object when it holds ``server`` as it is (the same facts), else
-        ``server``: a complete listing that shows nothing new keeps nothing new beyond its
-        page (at 50,000 servers, 50,000 fresh objects per listing for the collector to walk)."""
-        held = self._servers.get(server.server_id)
-        return held if held is not None and held == server else server
-
     def servers(self) -> Iterable[Server]:
         return self._servers.values()
 

@@ -341,21 +341,15 @@ class Reconciler:
                 )
             self.status.credentials_refused = str(exc)
 
-    async def _claim(self, records: list[ServerRecord]) -> dict[str, Server | None]:
-        """Each record as ours (a Server) or not (None), by id, in slices."""
-        claimed: dict[str, Server | None] = {}
-        claim, held = self._marks.claim, self._inventory.snapshot.held
+    async def _claim(self, records: list[ServerRecord], claimed: dict[str, Server | None]) -> None:
+        """Each record as ours (a Server) or not (None), into ``claimed`` by id, in slices."""
+        claim, known = self._marks.claim, self._inventory.snapshot.get
         async for chunk in _turns(records, _RECORDS_PER_SLICE):
             for record in chunk:
-                server = claim(record)
-                if server is None:
-                    claimed[record.server_id] = None
-                else:
-                    # An unchanged server stays the snapshot's object, keyed by its id string:
-                    # nothing of the record outlives its page.
-                    server = held(server)
-                    claimed[server.server_id] = server
-        return claimed
+                server = claim(record, known(record.server_id))
+                # An unchanged server stays the inventory's object, keyed by its own id string:
+                # nothing of the record outlives its page.
+                claimed[record.server_id if server is None else server.server_id] = server
 
     async def _claim_pages(
         self, pages: AsyncIterator[ServerListing]
@@ -374,7 +368,7 @@ class Reconciler:
                 page_newest = newest_update(page)
                 if page_newest is not None and (newest is None or page_newest > newest):
                     newest = page_newest
-            claimed.update(await self._claim(page.records))
+            await self._claim(page.records, claimed)
         return claimed, nova_time or newest
 
     async def _complete_listing(self, generation: int) -> Orders:
