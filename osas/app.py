@@ -45,10 +45,8 @@ from osas.config import (
 )
 from osas.domain.inventory import Inventory
 from osas.domain.servers import OwnershipMarks
-from osas.election.lease import LeaseElection
 from osas.election.port import ElectionSetupError, JoinTokens, Leadership, NoElection
 from osas.election.record import PromiseRecord, inherited
-from osas.election.tokens import BootstrapTokens
 from osas.engine.collector import EngineCollector
 from osas.engine.controller import Controller
 from osas.engine.deletes import ServerDeleter
@@ -125,6 +123,10 @@ def join_tokens_for(config: OsasConfig, made: JoinTokens | None) -> JoinTokens |
     groups = [group.group_id for group in config.node_groups if group.bootstrap_token]
     if made is not None or not groups:
         return made
+    # The Kubernetes client (lightkube, 60-odd modules, some 2 MiB) is loaded by a process
+    # that uses it, not by every osas.
+    from osas.election.tokens import BootstrapTokens  # noqa: PLC0415 - only when minting
+
     try:
         return BootstrapTokens(config.leader_election.kubeconfig, cluster_name=config.cluster_name)
     except ElectionSetupError as exc:
@@ -133,6 +135,16 @@ def join_tokens_for(config: OsasConfig, made: JoinTokens | None) -> JoinTokens |
             f"Kubernetes API: {exc} (outside a pod, name a kubeconfig in "
             "leader_election.kubeconfig)"
         ) from exc
+
+
+def _leadership(config: OsasConfig) -> Leadership:
+    """Leader election under a Lease, or none. The Kubernetes client is loaded only by a
+    process that elects (or mints join tokens)."""
+    if not config.leader_election.enabled:
+        return NoElection()
+    from osas.election.lease import LeaseElection  # noqa: PLC0415 - only when electing
+
+    return LeaseElection(config.election_settings())
 
 
 class App:
@@ -170,11 +182,7 @@ class App:
         )
         for result in ("applied", "rejected", "unchanged"):
             self._reloads.labels(result)
-        self.leadership: Leadership = (
-            LeaseElection(config.election_settings())
-            if config.leader_election.enabled
-            else NoElection()
-        )
+        self.leadership = _leadership(config)
         self.lease_lost = False
         # A standby adopts the writer's servers silently; it writes once elected.
         self.inventory.ledger.set_writer(not self.leadership.enabled)

@@ -32,6 +32,7 @@ import anyio
 import pytest
 from anyio.abc import SocketAttribute, SocketListener, SocketStream
 from structlog.testing import capture_logs
+from support import config_data, write_config
 
 from osas.election import (
     ElectionSettings,
@@ -1332,3 +1333,29 @@ async def test_the_kubernetes_clients_request_lines_are_debug_detail(on_standin,
     finally:
         logging.getLogger().handlers.clear()
         structlog.reset_defaults()
+
+
+def test_only_a_process_that_elects_loads_the_kubernetes_client(on_standin, tmp_path):
+    """The Kubernetes client is some 60 modules and 2 MiB: an osas that neither elects nor
+    mints join tokens never loads it; one that elects does (the probe sees it)."""
+    probe = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from osas.app import App, openstack_cloud\n"
+        "from osas.config import load_config\n"
+        "config = load_config(Path(sys.argv[1]))\n"
+        "App(config, openstack_cloud(config))\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'lightkube', 'httpx2'}))\n"
+    )
+    election = {"enabled": True, "kubeconfig": str(on_standin.kubeconfig)}
+    loaded = {}
+    for name, data in (
+        ("plain", config_data()),
+        ("electing", config_data(leader_election=election)),
+    ):
+        path = write_config(tmp_path, data, f"{name}.yaml")
+        answer = subprocess.run(
+            [sys.executable, "-c", probe, str(path)], capture_output=True, text=True, check=True
+        )
+        loaded[name] = answer.stdout.strip()
+    assert loaded == {"plain": "[]", "electing": "['httpx2', 'lightkube']"}
