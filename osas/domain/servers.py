@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 
 # Metadata keys and tag prefixes written on every server osas creates.
@@ -77,10 +77,11 @@ class OwnershipMarks:
     """The marks that make a server belong to this cluster and one of its node groups."""
 
     cluster_name: str
+    # Made once: a complete listing checks it on every server it shows.
+    cluster_tag: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def cluster_tag(self) -> str:
-        return f"{TAG_CLUSTER_PREFIX}{self.cluster_name}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cluster_tag", f"{TAG_CLUSTER_PREFIX}{self.cluster_name}")
 
     def metadata(self, group_id: str, request_id: str) -> dict[str, str]:
         return {META_CLUSTER: self.cluster_name, META_GROUP: group_id, META_REQUEST: request_id}

@@ -343,7 +343,7 @@ class Reconciler:
 
     async def _claim(self, records: list[ServerRecord], claimed: dict[str, Server | None]) -> None:
         """Each record as ours (a Server) or not (None), into ``claimed`` by id, in slices."""
-        claim, known = self._marks.claim, self._inventory.snapshot.get
+        claim, known = self._marks.claim, self._inventory.snapshot.getter()
         async for chunk in _turns(records, _RECORDS_PER_SLICE):
             for record in chunk:
                 server = claim(record, known(record.server_id))
@@ -385,9 +385,10 @@ class Reconciler:
         ours: it lacks a mark). Compared with the inventory in slices; the difference applied
         in one step."""
         snapshot = self._inventory.snapshot
+        held = snapshot.getter()
         changed: list[Server] = []
         async for chunk in _turns(list(details.values()), _RECORDS_PER_SLICE):
-            changed += (s for s in chunk if s is not None and snapshot.get(s.server_id) is not s)
+            changed += (s for s in chunk if s is not None and held(s.server_id) is not s)
         gone: list[str] = []
         unowned: list[str] = []
         async for known in _turns(snapshot.ids(), _IDS_PER_SLICE):
