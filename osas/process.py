@@ -5,6 +5,7 @@ long-running server with large listings wants."""
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import sys
 from typing import Literal
@@ -92,14 +93,25 @@ def _as_debug(record: logging.LogRecord) -> bool:
     return True
 
 
+# Objects the garbage collector tracks, made and not yet freed, before it walks the youngest
+# of them. A page of a complete listing (1,000 servers) holds some 2,000 such objects while it
+# is read and claimed, all freed with the page: at CPython's 700, each page set off several
+# passes in the worker thread reading it, holding the interpreter some 45 ms a listing at
+# 50,000 servers (docs/BENCHMARKS.md), every one of them for objects about to be freed.
+YOUNGEST_GENERATION_THRESHOLD = 10_000
+
+
 def tune_process() -> None:
     """glibc raises its mmap threshold each time a large block is freed, and then serves the
     megabyte-sized pages of every listing from per-thread heaps that never shrink: at 50,000
     servers that holds some 20 MB for good. Fixed at glibc's default, with two heaps, such
-    blocks go back to the system when freed. Nothing to do on other C libraries."""
+    blocks go back to the system when freed. Nothing to do on other C libraries. The garbage
+    collector walks its youngest objects once a page of a listing could not fill them."""
     # Worker threads parse listings in Python: the event loop gets the GIL back within a
     # millisecond of asking, not the default five.
     sys.setswitchinterval(0.001)
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(YOUNGEST_GENERATION_THRESHOLD, older, oldest)
     try:
         libc = ctypes.CDLL(None)
         libc.mallopt(_M_MMAP_THRESHOLD, 128 * 1024)

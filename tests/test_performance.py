@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
+import sys
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -27,13 +29,14 @@ from support import (
     write_config,
 )
 
-from osas.cloud.openstack import OpenStackCloud
+from osas.cloud.openstack import OpenStackCloud, _records_of_page
 from osas.cloud.port import CreateServerRequest
 from osas.config import load_config
 from osas.domain.inventory import Inventory
 from osas.domain.servers import META_CLUSTER, OwnershipMarks, Server
 from osas.engine.queue import TaskQueue
 from osas.engine.reconciler import Reconciler
+from osas.process import tune_process
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.service.servicer import CloudProviderServicer
 from osas.sim import SimulatedOpenStack
@@ -295,3 +298,64 @@ async def test_threads_share_one_token_and_one_look_up_per_name():
     assert together == alone
     assert "identity.tokens.create" not in together
     assert any(operation.startswith("image.") for operation in together)
+
+
+def detail_page(count: int) -> bytes:
+    """A page of Nova's detail listing as a complete listing reads it: ``count`` servers of
+    this cluster with the fields Nova sends (most of which osas skips)."""
+    servers = []
+    for _ in range(count):
+        request_id = str(uuid.uuid4())
+        servers.append(
+            {
+                "id": str(uuid.uuid4()),
+                "name": f"{CLUSTER}-big-{request_id[:10]}",
+                "status": "ACTIVE",
+                "metadata": {META_CLUSTER: CLUSTER, "osas-node-group": "big"},
+                "tags": [TAG, f"osas-request={request_id}"],
+                "OS-EXT-STS:task_state": None,
+                "created": "2026-12-05T12:00:00Z",
+                "updated": "2026-12-05T12:00:00Z",
+                "flavor": {"vcpus": 2, "ram": 4096, "disk": 20, "original_name": "m1.small"},
+                "addresses": {"net": [{"addr": "10.0.0.5", "version": 4}]},
+                "links": [{"rel": "self", "href": f"http://127.0.0.1/servers/{request_id}"}],
+            }
+        )
+    return json.dumps({"servers": servers, "servers_links": []}).encode()
+
+
+def test_a_page_of_a_complete_listing_sets_off_no_collection_in_a_tuned_process():
+    """A page's records live as long as the page and are freed by their last reference: in a
+    process tuned as ``osas serve`` is, reading and claiming a page of 1,000 servers leaves the
+    garbage collector idle, where CPython's default set it off several times a page (in the
+    worker thread reading it, holding the interpreter)."""
+    content = detail_page(1000)
+    marks = OwnershipMarks(CLUSTER)
+    passes: list[int] = []
+
+    def counted(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            passes.append(info["generation"])
+
+    def read_and_claim() -> int:
+        gc.collect()  # every generation empty: the count starts at zero
+        passes.clear()
+        gc.callbacks.append(counted)
+        try:
+            records, _ = _records_of_page(content)
+            claimed = {r.server_id: marks.claim(r) for r in records}
+        finally:
+            gc.callbacks.remove(counted)
+        assert len(claimed) == 1000
+        assert all(claimed.values())
+        return len(passes)
+
+    thresholds, switch = gc.get_threshold(), sys.getswitchinterval()
+    try:
+        gc.set_threshold(700, *thresholds[1:])
+        assert read_and_claim() > 0  # CPython's default: the probe sees its passes
+        tune_process()
+        assert read_and_claim() == 0
+    finally:
+        gc.set_threshold(*thresholds)
+        sys.setswitchinterval(switch)

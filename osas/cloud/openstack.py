@@ -359,7 +359,7 @@ class _ServerBody(msgspec.Struct, rename={"task_state": "OS-EXT-STS:task_state"}
     name: str | None = None
     status: str | None = None
     metadata: dict[str, str] | None = None
-    tags: list[str] | None = None
+    tags: frozenset[str] | None = None  # what ServerRecord keeps: no list made first
     task_state: str | None = None
     fault: _FaultBody | None = None
     created: str | None = None
@@ -398,7 +398,7 @@ def _records_of_page(content: bytes) -> tuple[list[ServerRecord], str | None]:
             name=server.name or "",
             status=(server.status or "").upper(),
             metadata=server.metadata or {},
-            tags=frozenset(server.tags or ()),
+            tags=server.tags or frozenset(),
             task_state=server.task_state,
             fault=None
             if server.fault is None
