@@ -55,6 +55,16 @@ def rss_mib(pid: int) -> tuple[float, float]:
     return values["VmRSS"], values["VmHWM"]
 
 
+def anonymous_mib(pid: int) -> float:
+    """Resident memory of the process's own (anonymous) pages, MiB: its RSS less the shared
+    code of the interpreter and its libraries, which the kernel can drop and read again."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        name, _, rest = line.partition(":")
+        if name == "Anonymous":
+            return int(rest.split()[0]) / 1024
+    return float("nan")
+
+
 @contextmanager
 def kit(module: str, *arguments: str, prefix: tuple[str, ...] = ()) -> Iterator[dict[str, Any]]:
     """One of the benchmark's processes: it prints one JSON line when ready (handed to the
@@ -240,9 +250,10 @@ async def start_osas(
     resync: str | None = None,
     metrics: bool = False,
     queue: dict[str, Any] | None = None,
+    reconcile: dict[str, Any] | None = None,
 ) -> Osas:
     config, port, health, metrics_port = osas_config(
-        setup, resync=resync, metrics=metrics, queue=queue
+        setup, resync=resync, metrics=metrics, queue=queue, reconcile=reconcile
     )
     log = setup.folder / f"{name}.log"
     spawned = time.perf_counter()

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from osas.bench.results import (
+    KINDS,
     BurstResult,
     CaLoopRun,
     Figure,
@@ -24,12 +25,14 @@ TARGETS = (
     ("nodes", 10_000),
     ("idle_worst", 50_000),
     ("resync_worst", 50_000),
-    ("resync_p99", 50_000),
+    ("resync_worst_excess", 50_000),
+    ("resync_p99_vs_bare", 50_000),
     ("nova_bytes", 50_000),
     ("nova_bytes_churn", 50_000),
     ("healthz_loaded", 10_000),
     ("target_p99_loaded", 10_000),
     ("rss", 50_000),
+    ("rss_listing_10", 50_000),
     ("start", 50_000),
 )
 PLOTTED = (
@@ -97,7 +100,9 @@ size the table names (at every size when it names none).
   serving that resync's listing shares the same two cores, so the same loop is also replayed
   for half as long against the bare server, with no osas running, while the simulator serves the
   listing a complete resync asks for (every server's details, by the cluster's tag) every 5 s:
-  the bare server's own ratio is the machine's share of the tail.
+  the bare server's own ratio, and its worst call in those windows, are the machine's share of
+  the tail. osas is judged against them: its worst call in each resync beyond the bare
+  server's worst (median of its windows), and its p99 ratio over the bare server's.
 - **Nova traffic**: requests and bytes the simulator served in the resync phase, turned into a
   minute at the default intervals: a sync every {interval:.0f} s, and every
   {full_resync_minutes:.0f} min a complete resync instead, which reads every server's details
@@ -115,7 +120,10 @@ size the table names (at every size when it names none).
   quiet, then again with 200 idle connections, 64 clients that sent half a request line, and 50
   clients polling `/status` and `/metrics` as fast as they are answered; 40 `/healthz` probes
   under the same load.
-- **Memory**: osas's RSS from /proc after the resync phase (several complete resyncs).
+- **Memory**: osas's RSS from /proc after the resync phase (several complete resyncs, CA's
+  loop answered meanwhile); then a fresh osas syncing every second, each sync a complete
+  listing, with nothing else asked: its RSS when it starts serving (after its first complete
+  listing) and after the tenth, and its own (anonymous) pages then.
 - **Start**: from spawning `osas serve` to health SERVING, the first complete listing included.
   The simulator serving that listing (50 pages of detail at 50k, the listing of a complete
   resync) is timed alone, with a client that parses nothing, and subtracted for osas's part.
@@ -493,13 +501,7 @@ def write_report(
     lines += ["", "## Latency against inventory size", "", "![p50 latency](benchmarks-latency.svg)"]
     lines += ["", _latency_table(results), ""]
     for result in results:
-        lines += [
-            f"## {result.servers:,} servers ({result.groups} group{'s' * (result.groups > 1)})",
-            "",
-            HEADER,
-        ]
-        lines += [_row(figure) for figure in result.figures.values()]
-        lines.append("")
+        lines += [*size_section(result), ""]
     lines += [*takeover_section(takeover, machine), ""]
     if burst is not None:
         lines += [*burst_section(burst, machine), ""]
@@ -509,6 +511,68 @@ def write_report(
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines).rstrip() + "\n")
     (out.parent / "benchmarks-latency.svg").write_text(_plot(results))
+
+
+def _size_heading(servers: int) -> str:
+    return f"## {servers:,} servers ("
+
+
+def size_section(result: SizeResult, measured: str = "") -> list[str]:
+    """The rows of one number of servers (``measured``: a line saying which run they are
+    from, when the rest of the page is another's)."""
+    groups = f"{result.groups} group{'s' * (result.groups > 1)}"
+    lines = [f"{_size_heading(result.servers)}{groups})", ""]
+    if measured:
+        lines += [measured, ""]
+    return [*lines, HEADER, *(_row(figure) for figure in result.figures.values())]
+
+
+def replace_size_sections(out: Path, results: list[SizeResult], machine: dict[str, str]) -> None:
+    """Rewrite the sections of the numbers of servers measured, and their rows among the
+    targets, in an existing report (``osas bench --sizes-only``); the rest stays as it was, from
+    its own run. A size the report did not have is added before the next section."""
+    lines = out.read_text().splitlines()
+    sizes = ", ".join(f"{result.servers:,}" for result in results)
+    measured = (
+        f"Measured by `osas bench --sizes-only` on {machine['date']} ({machine['cpu']}, "
+        f"{machine['cores']} cores), after the rest of this page."
+    )
+    for result in results:
+        section = size_section(result, measured)
+        heading = _size_heading(result.servers)
+        start = next((i for i, line in enumerate(lines) if line.startswith(heading)), None)
+        if start is None:
+            start = next(i for i, line in enumerate(lines) if line.startswith("<!--"))
+            lines[start:start] = [*section, ""]
+            continue
+        end = next(
+            (i for i in range(start + 1, len(lines)) if lines[i].startswith(("## ", "<!--"))),
+            len(lines),
+        )
+        lines[start:end] = [*section, ""]
+    by_size = {result.servers: result for result in results}
+    first = lines.index(HEADER.splitlines()[1], lines.index("## The targets")) + 1
+    last = next(i for i in range(first, len(lines)) if not lines[i].startswith("|"))
+    kept, rows = lines[first:last], []
+    for key, size in TARGETS:
+        kind, suffix = KINDS[key], f", {size:,} servers |"
+        old = [row for row in kept if row.startswith(f"| {kind.name}") and suffix in row]
+        fresh = by_size.get(size)
+        if fresh is not None and key in fresh.figures:
+            rows.append(_row(fresh.figures[key], f", {size:,} servers"))
+        else:
+            rows += old[:1]
+        kept = [row for row in kept if row not in old]
+    # What is left of the sizes measured is what they no longer judge: gone with its run.
+    kept = [row for row in kept if not any(f", {size:,} servers |" in row for size in by_size)]
+    note = f"Rows at {sizes} servers: `osas bench --sizes-only` of {machine['date']}."
+    above = lines[: first - 2]  # the heading and a blank line, or a note of an earlier run too
+    if above[-2].startswith("Rows at "):
+        above[-2] = note
+    else:
+        above += [note, ""]
+    lines = [*above, *lines[first - 2 : first], *rows, *kept, *lines[last:]]
+    out.write_text("\n".join(lines).rstrip() + "\n")
 
 
 def _latency_table(results: list[SizeResult]) -> str:

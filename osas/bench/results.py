@@ -71,7 +71,26 @@ KINDS = {
         threshold=20.0,
         judged_at=LARGE,
     ),
-    "resync_p99": Kind("p99 during resyncs / p99 otherwise", "x", "<= 1.5x", threshold=1.5),
+    "resync_worst_bare": Kind(
+        "worst call, bare, while the simulator serves the same complete listing", "ms"
+    ),
+    "resync_worst_excess": Kind(
+        "worst call during a complete resync beyond the bare server's worst in the same windows",
+        "ms",
+        "<= 20 ms at 50k",
+        threshold=20.0,
+        judged_at=LARGE,
+    ),
+    # Issue 33 judges the p99 ratio against the bare server's own (the simulator serving the
+    # listing shares the machine's two cores); the ratio alone is kept, unjudged.
+    "resync_p99": Kind("p99 during resyncs / p99 otherwise", "x"),
+    "resync_p99_vs_bare": Kind(
+        "that p99 ratio over the bare server's own ratio",
+        "x",
+        "<= 1.5x at 50k",
+        threshold=1.5,
+        judged_at=LARGE,
+    ),
     "resync_p999": Kind("p99.9 during resyncs / p99.9 otherwise", "x"),
     "resync_p99_bare": Kind(
         "the same p99 ratio, bare, while the simulator serves the same complete listing", "x"
@@ -116,6 +135,17 @@ KINDS = {
         judged_at=LARGE,
     ),
     "rss_peak": Kind("peak RSS", "MiB"),
+    "rss_listing_1": Kind("RSS after the first complete listing (on SERVING)", "MiB"),
+    "rss_listing_10": Kind(
+        "RSS after 10 complete listings, one after the other",
+        "MiB",
+        "<= 120 MiB at 50k",
+        threshold=120.0,
+        judged_at=LARGE,
+    ),
+    "anon_listings": Kind(
+        "the same, osas's own pages (anonymous: less the libraries' shared code)", "MiB"
+    ),
     "rss_started": Kind("RSS once serving", "MiB"),
     "creates": Kind("100 creates reaching Nova (default settings)", "s", "<= 1.5 s", threshold=1.5),
     # A standby taking over (osas.bench.takeover), at the default lease settings.

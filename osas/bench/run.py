@@ -50,6 +50,7 @@ from osas.bench.processes import (
     GROUP_SIZE,
     Setup,
     Tls,
+    anonymous_mib,
     kit,
     machine,
     rss_mib,
@@ -62,6 +63,7 @@ from osas.bench.promises import measure_promises
 from osas.bench.report import (
     replace_caloop_section,
     replace_marked_section,
+    replace_size_sections,
     replace_startup_section,
     replace_takeover_section,
     write_report,
@@ -228,6 +230,7 @@ async def measure_size(plan: Plan, servers: int, tls: Tls, folder: Path) -> Size
                 for round_index in range(plan.rounds):
                     await one_round(plan, result, setup, bare, round_index, simulator)
                 await resync_phase(plan, result, setup, bare)
+                await memory_phase(plan, result, setup)
                 await churn_phase(plan, result, setup)
                 await metrics_load_phase(plan, result, setup)
             finally:
@@ -334,15 +337,22 @@ async def resync_phase(plan: Plan, result: SizeResult, setup: Setup, bare: Clien
         if start >= began:
             windows.append((start, end))
     light = [t for t in samples if t.method != "NodeGroupNodes"]
+    bare_worst = result.figures.get("resync_worst_bare")
     for start, end in windows:
         inside = [t.seconds * 1000 for t in light if _overlaps(t, start, end)]
         if inside:
             result.add("resync_worst", max(inside))
+            if bare_worst is not None:
+                result.add("resync_worst_excess", max(inside) - bare_worst.median)
         result.add("resync_seconds", end - start)
     busy, calm = _split(light, windows)
     if busy and calm:
-        result.add("resync_p99", percentile(busy, 0.99) / percentile(calm, 0.99))
+        ratio = percentile(busy, 0.99) / percentile(calm, 0.99)
+        result.add("resync_p99", ratio)
         result.add("resync_p999", percentile(busy, 0.999) / percentile(calm, 0.999))
+        bare_ratio = result.figures.get("resync_p99_bare")
+        if bare_ratio is not None:
+            result.add("resync_p99_vs_bare", ratio / bare_ratio.median)
     result.add("rss", rss)
     result.add("rss_peak", peak)
     traffic(result, setup.sim, since, (began, ended), windows)
@@ -383,9 +393,36 @@ async def bare_under_listings(plan: Plan, result: SizeResult, setup: Setup, bare
     finally:
         stop.set()
         await asyncio.to_thread(lister.join)
-    busy, calm = _split([t for t in samples if t.method != "NodeGroupNodes"], windows)
+    light = [t for t in samples if t.method != "NodeGroupNodes"]
+    for start, end in windows:
+        inside = [t.seconds * 1000 for t in light if _overlaps(t, start, end)]
+        if inside:
+            result.add("resync_worst_bare", max(inside))
+    busy, calm = _split(light, windows)
     if busy and calm:
         result.add("resync_p99_bare", percentile(busy, 0.99) / percentile(calm, 0.99))
+
+
+LISTINGS_FOR_MEMORY = 10
+
+
+async def memory_phase(plan: Plan, result: SizeResult, setup: Setup) -> None:
+    """osas's memory after its first complete listing (when it starts serving) and after
+    ``LISTINGS_FOR_MEMORY`` of them, one after the other (a sync every second, each a complete
+    one), with nothing else asked: whether a listing leaves anything behind."""
+    reconcile = {"interval": "1s", "full_resync_interval": "1s"}
+    osas = await start_osas(setup, f"osas-{result.servers}-memory", reconcile=reconcile)
+    try:
+        result.add("rss_listing_1", rss_mib(osas.process.pid)[0])
+        deadline = time.monotonic() + 30 * plan.resync_seconds
+        while len(osas.events("complete listing applied")) < LISTINGS_FOR_MEMORY:
+            if time.monotonic() > deadline or osas.process.poll() is not None:
+                return
+            await asyncio.sleep(0.05)
+        result.add(f"rss_listing_{LISTINGS_FOR_MEMORY}", rss_mib(osas.process.pid)[0])
+        result.add("anon_listings", anonymous_mib(osas.process.pid))
+    finally:
+        osas.stop()
 
 
 def _incremental_page(entry: list[Any]) -> bool:
@@ -585,6 +622,7 @@ async def run(
     *,
     start_up_only: bool,
     takeover_only: bool = False,
+    sizes_only: bool = False,
     ca_loop_only: bool = False,
     ca_loop_label: str = CA_LOOP_LABEL,
 ) -> None:
@@ -604,6 +642,9 @@ async def run(
             replace_caloop_section(out, load_runs(out))
             return
         results = [await measure_size(plan, size, tls, folder) for size in plan.sizes]
+        if sizes_only:
+            replace_size_sections(out, results, machine())
+            return
         creates = await measure_creates(plan, tls, folder)
         takeover = await measure_takeover(plan.takeover_rounds, tls, folder)
         promises = await measure_promises(tls, folder)
@@ -633,11 +674,13 @@ def run_benchmark(
     compare_with: Path | None = None,
     start_up_only: bool = False,
     takeover_only: bool = False,
+    sizes_only: bool = False,
     ca_loop_only: bool = False,
     ca_loop_label: str = CA_LOOP_LABEL,
 ) -> int:
     """``osas bench``: the plan, with the sizes and rounds asked for, and the report written
-    (``start_up_only``, ``takeover_only``, ``ca_loop_only``: only that section of it,
+    (``start_up_only``, ``takeover_only``, ``ca_loop_only``: only that section of it;
+    ``sizes_only``: only the sections per number of servers and their rows among the targets;
     ``rounds`` then being that measure's rounds, and with ``ca_loop_only`` ``sizes`` its node
     counts). The CA loop's run is kept next to the report under ``ca_loop_label``, which
     replaces an earlier run of that label alone."""
@@ -662,6 +705,7 @@ def run_benchmark(
             compare_with,
             start_up_only=start_up_only,
             takeover_only=takeover_only,
+            sizes_only=sizes_only,
             ca_loop_only=ca_loop_only,
             ca_loop_label=ca_loop_label,
         )

@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
         out=args.out,
         compare_with=args.compare_with.resolve() if args.compare_with else None,
         start_up_only=args.start_up_only,
+        sizes_only=args.sizes_only,
         ca_loop_only=args.ca_loop_only,
         ca_loop_label=args.label,
     )

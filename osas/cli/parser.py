@@ -261,6 +261,12 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="measure only the start-up of osas serve, and rewrite only that section of --out",
     )
     bench.add_argument(
+        "--sizes-only",
+        action="store_true",
+        help="measure only the rows per number of servers (--sizes), and rewrite only those "
+        "sizes' sections of --out and their rows among the targets",
+    )
+    bench.add_argument(
         "--ca-loop-only",
         action="store_true",
         help="measure only CA's loop by the server's CPU (--sizes: its node counts, default "
