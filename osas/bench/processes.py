@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime
@@ -251,15 +251,19 @@ async def start_osas(
     metrics: bool = False,
     queue: dict[str, Any] | None = None,
     reconcile: dict[str, Any] | None = None,
+    wrap: Callable[[list[str]], list[str]] | None = None,
 ) -> Osas:
+    """``osas serve`` started and SERVING (``wrap``: its command run another way, inside a
+    memory limit)."""
     config, port, health, metrics_port = osas_config(
         setup, resync=resync, metrics=metrics, queue=queue, reconcile=reconcile
     )
     log = setup.folder / f"{name}.log"
+    command = [sys.executable, "-m", "osas", "serve", "--config", str(config)]
     spawned = time.perf_counter()
     with log.open("wb") as stream:
         process = subprocess.Popen(  # noqa: S603 - our own command, spawned at once
-            [sys.executable, "-m", "osas", "serve", "--config", str(config)],
+            command if wrap is None else wrap(command),
             stdout=subprocess.DEVNULL,
             stderr=stream,
         )

@@ -33,6 +33,7 @@ TARGETS = (
     ("target_p99_loaded", 10_000),
     ("rss", 50_000),
     ("rss_listing_10", 50_000),
+    ("limit_listings", 50_000),
     ("start", 50_000),
 )
 PLOTTED = (
@@ -123,7 +124,11 @@ size the table names (at every size when it names none).
 - **Memory**: osas's RSS from /proc after the resync phase (several complete resyncs, CA's
   loop answered meanwhile); then a fresh osas syncing every second, each sync a complete
   listing, with nothing else asked: its RSS when it starts serving (after its first complete
-  listing) and after the tenth, and its own (anonymous) pages then.
+  listing) and after the tenth, and its own (anonymous) pages then. Where the benchmark can
+  make a memory cgroup (Linux, as root), once more inside a 120 MiB limit as the kubelet sets
+  one for a container, the page cache dropped first so that the libraries' pages are charged
+  to it, with CA's loop answered meanwhile: the complete listings it made, whether the kernel
+  killed it, its worst call, the group's peak charge.
 - **Start**: from spawning `osas serve` to health SERVING, the first complete listing included.
   The simulator serving that listing (50 pages of detail at 50k, the listing of a complete
   resync) is timed alone, with a client that parses nothing, and subtracted for osas's part.

@@ -143,6 +143,17 @@ KINDS = {
         threshold=120.0,
         judged_at=LARGE,
     ),
+    "limit_listings": Kind(
+        "complete listings made under a 120 MiB memory limit (a cgroup), CA's loop answered",
+        "count",
+        ">= 10 at 50k",
+        "higher",
+        10.0,
+        LARGE,
+    ),
+    "limit_oom_kills": Kind("the same, osas killed for memory", "count"),
+    "limit_worst": Kind("the same, worst call, all but NodeGroupNodes", "ms"),
+    "limit_peak": Kind("the same, the most the limit's group was charged", "MiB"),
     "anon_listings": Kind(
         "the same, osas's own pages (anonymous: less the libraries' shared code)", "MiB"
     ),

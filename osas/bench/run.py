@@ -39,12 +39,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import grpc
 import requests
 
 from osas.bench.burst import measure_burst
 from osas.bench.caloop import Plan as CaLoopPlan
 from osas.bench.caloop import measure_caloop
 from osas.bench.client import Call, Client, Timed, for_node, nodes, options, target_size, template
+from osas.bench.memlimit import MemoryLimit, drop_page_cache
 from osas.bench.processes import (
     CLUSTER,
     GROUP_SIZE,
@@ -231,6 +233,7 @@ async def measure_size(plan: Plan, servers: int, tls: Tls, folder: Path) -> Size
                     await one_round(plan, result, setup, bare, round_index, simulator)
                 await resync_phase(plan, result, setup, bare)
                 await memory_phase(plan, result, setup)
+                await memory_limit_phase(plan, result, setup)
                 await churn_phase(plan, result, setup)
                 await metrics_load_phase(plan, result, setup)
             finally:
@@ -404,6 +407,7 @@ async def bare_under_listings(plan: Plan, result: SizeResult, setup: Setup, bare
 
 
 LISTINGS_FOR_MEMORY = 10
+MEMORY_LIMIT_MIB = 120
 
 
 async def memory_phase(plan: Plan, result: SizeResult, setup: Setup) -> None:
@@ -423,6 +427,53 @@ async def memory_phase(plan: Plan, result: SizeResult, setup: Setup) -> None:
         result.add("anon_listings", anonymous_mib(osas.process.pid))
     finally:
         osas.stop()
+
+
+async def memory_limit_phase(plan: Plan, result: SizeResult, setup: Setup) -> None:
+    """osas under a memory limit as the kubelet sets one for a container: a cgroup of
+    ``MEMORY_LIMIT_MIB``, the page cache dropped first so that the libraries osas maps are
+    charged to it as in a new container. Complete listings one after the other (a sync every
+    second) with CA's loop answered without pause, until ``LISTINGS_FOR_MEMORY`` of them or
+    osas's end. Left out where no cgroup can be made here."""
+    limit = MemoryLimit.make(MEMORY_LIMIT_MIB)
+    if limit is None:
+        return
+    try:
+        drop_page_cache()
+        reconcile = {"interval": "1s", "full_resync_interval": "1s"}
+        try:
+            osas = await start_osas(
+                setup, f"osas-{result.servers}-limit", reconcile=reconcile, wrap=limit.command
+            )
+        except RuntimeError:  # killed before it served
+            result.add("limit_listings", 0)
+            result.add("limit_oom_kills", limit.oom_kills())
+            return
+        worst = 0.0
+        client = Client(osas.port, setup.tls)
+        try:
+            provider_ids = await client.provider_ids(setup.groups[0])
+            calls = ca_loop(setup.groups, provider_ids, plan.loop_nodes, 0)
+            deadline = time.monotonic() + 30 * plan.resync_seconds
+            while (
+                osas.process.poll() is None
+                and time.monotonic() < deadline
+                and len(osas.events("complete listing applied")) < LISTINGS_FOR_MEMORY
+            ):
+                light = [t for t in await client.timed(calls) if t.method != "NodeGroupNodes"]
+                worst = max(worst, *(t.seconds * 1000 for t in light))
+        except grpc.aio.AioRpcError:
+            pass  # osas gone in the middle of a call: what it listed before says enough
+        finally:
+            await client.close()
+            if osas.process.poll() is None:
+                osas.stop()
+        result.add("limit_listings", len(osas.events("complete listing applied")))
+        result.add("limit_oom_kills", limit.oom_kills())
+        result.add("limit_worst", worst)
+        result.add("limit_peak", limit.peak_mib())
+    finally:
+        limit.remove()
 
 
 def _incremental_page(entry: list[Any]) -> bool:
