@@ -50,6 +50,7 @@ from osas.bench.memlimit import MemoryLimit, drop_page_cache
 from osas.bench.processes import (
     CLUSTER,
     GROUP_SIZE,
+    Osas,
     Setup,
     Tls,
     anonymous_mib,
@@ -341,12 +342,11 @@ async def resync_phase(plan: Plan, result: SizeResult, setup: Setup, bare: Clien
             windows.append((start, end))
     light = [t for t in samples if t.method != "NodeGroupNodes"]
     bare_worst = result.figures.get("resync_worst_bare")
+    for worst in _worst_per_window(light, windows):
+        result.add("resync_worst", worst)
+        if bare_worst is not None:
+            result.add("resync_worst_excess", worst - bare_worst.median)
     for start, end in windows:
-        inside = [t.seconds * 1000 for t in light if _overlaps(t, start, end)]
-        if inside:
-            result.add("resync_worst", max(inside))
-            if bare_worst is not None:
-                result.add("resync_worst_excess", max(inside) - bare_worst.median)
         result.add("resync_seconds", end - start)
     busy, calm = _split(light, windows)
     if busy and calm:
@@ -363,6 +363,16 @@ async def resync_phase(plan: Plan, result: SizeResult, setup: Setup, bare: Clien
 
 def _overlaps(t: Timed, start: float, end: float) -> bool:
     return t.start < end and t.start + t.seconds > start
+
+
+def _worst_per_window(samples: list[Timed], windows: list[tuple[float, float]]) -> list[float]:
+    """The slowest call (ms) overlapping each window that any call overlaps."""
+    worst = []
+    for start, end in windows:
+        inside = [t.seconds * 1000 for t in samples if _overlaps(t, start, end)]
+        if inside:
+            worst.append(max(inside))
+    return worst
 
 
 def _split(
@@ -397,10 +407,8 @@ async def bare_under_listings(plan: Plan, result: SizeResult, setup: Setup, bare
         stop.set()
         await asyncio.to_thread(lister.join)
     light = [t for t in samples if t.method != "NodeGroupNodes"]
-    for start, end in windows:
-        inside = [t.seconds * 1000 for t in light if _overlaps(t, start, end)]
-        if inside:
-            result.add("resync_worst_bare", max(inside))
+    for worst in _worst_per_window(light, windows):
+        result.add("resync_worst_bare", worst)
     busy, calm = _split(light, windows)
     if busy and calm:
         result.add("resync_p99_bare", percentile(busy, 0.99) / percentile(calm, 0.99))
@@ -408,18 +416,24 @@ async def bare_under_listings(plan: Plan, result: SizeResult, setup: Setup, bare
 
 LISTINGS_FOR_MEMORY = 10
 MEMORY_LIMIT_MIB = 120
+# A sync every second, each a complete listing: listings one after the other.
+_BACK_TO_BACK = {"interval": "1s", "full_resync_interval": "1s"}
+
+
+def _listings_applied(osas: Osas) -> int:
+    """Complete listings osas has applied, by its log."""
+    return len(osas.events("complete listing applied"))
 
 
 async def memory_phase(plan: Plan, result: SizeResult, setup: Setup) -> None:
     """osas's memory after its first complete listing (when it starts serving) and after
     ``LISTINGS_FOR_MEMORY`` of them, one after the other (a sync every second, each a complete
     one), with nothing else asked: whether a listing leaves anything behind."""
-    reconcile = {"interval": "1s", "full_resync_interval": "1s"}
-    osas = await start_osas(setup, f"osas-{result.servers}-memory", reconcile=reconcile)
+    osas = await start_osas(setup, f"osas-{result.servers}-memory", reconcile=_BACK_TO_BACK)
     try:
         result.add("rss_listing_1", rss_mib(osas.process.pid)[0])
         deadline = time.monotonic() + 30 * plan.resync_seconds
-        while len(osas.events("complete listing applied")) < LISTINGS_FOR_MEMORY:
+        while _listings_applied(osas) < LISTINGS_FOR_MEMORY:
             if time.monotonic() > deadline or osas.process.poll() is not None:
                 return
             await asyncio.sleep(0.05)
@@ -440,10 +454,9 @@ async def memory_limit_phase(plan: Plan, result: SizeResult, setup: Setup) -> No
         return
     try:
         drop_page_cache()
-        reconcile = {"interval": "1s", "full_resync_interval": "1s"}
         try:
             osas = await start_osas(
-                setup, f"osas-{result.servers}-limit", reconcile=reconcile, wrap=limit.command
+                setup, f"osas-{result.servers}-limit", reconcile=_BACK_TO_BACK, wrap=limit.command
             )
         except RuntimeError:  # killed before it served
             result.add("limit_listings", 0)
@@ -458,17 +471,17 @@ async def memory_limit_phase(plan: Plan, result: SizeResult, setup: Setup) -> No
             while (
                 osas.process.poll() is None
                 and time.monotonic() < deadline
-                and len(osas.events("complete listing applied")) < LISTINGS_FOR_MEMORY
+                and _listings_applied(osas) < LISTINGS_FOR_MEMORY
             ):
                 light = [t for t in await client.timed(calls) if t.method != "NodeGroupNodes"]
-                worst = max(worst, *(t.seconds * 1000 for t in light))
+                worst = max([worst, *(t.seconds * 1000 for t in light)])
         except grpc.aio.AioRpcError:
             pass  # osas gone in the middle of a call: what it listed before says enough
         finally:
             await client.close()
             if osas.process.poll() is None:
                 osas.stop()
-        result.add("limit_listings", len(osas.events("complete listing applied")))
+        result.add("limit_listings", _listings_applied(osas))
         result.add("limit_oom_kills", limit.oom_kills())
         result.add("limit_worst", worst)
         result.add("limit_peak", limit.peak_mib())
