@@ -73,6 +73,7 @@ from osas.domain.servers import (
     Server,
     ServerRecord,
     classify_fault,
+    epoch_seconds,
 )
 from osas.domain.sizing import IncreasePlan, plan_decrease, plan_delete, plan_increase
 from osas.domain.specs import (
@@ -128,7 +129,7 @@ def server(
     request_id: str | None = None,
     fault: Fault | None = None,
     server_id: str | None = None,
-    created: str = "",
+    created: str = "",  # as Nova writes it
 ) -> Server:
     server_id = server_id or str(uuid.uuid4())
     return Server(
@@ -139,7 +140,7 @@ def server(
         task_state=task_state,
         request_id=request_id,
         fault=fault,
-        created=created,
+        created=epoch_seconds(created),
     )
 
 
@@ -440,6 +441,22 @@ def record(
     )
 
 
+@pytest.mark.parametrize(
+    ("created", "seconds"),
+    [
+        pytest.param("2026-01-02T03:04:05Z", 1767323045.0, id="utc"),
+        pytest.param("2026-01-02T03:04:05", 1767323045.0, id="no-zone-is-utc"),
+        pytest.param("2026-01-02T04:04:05+01:00", 1767323045.0, id="offset"),
+        pytest.param("", None, id="none"),
+        pytest.param("yesterday", None, id="not-a-time"),
+    ],
+)
+def test_a_claim_keeps_novas_created_time_as_seconds(created: str, seconds: float | None):
+    claimed = OwnershipMarks(CLUSTER).claim(dataclasses.replace(record(), created=created))
+    assert claimed is not None
+    assert claimed.created == seconds
+
+
 def test_claim_server_with_all_marks():
     fault = Fault(500, "boom")
     rec = record(status="active", task_state="deleting", fault=fault)
@@ -477,6 +494,8 @@ def test_claim_without_request_id_still_ours():
 
 
 _IDS = (str(uuid.uuid4()), str(uuid.uuid4()))
+# Nova sets a server's ``created`` once: each id has its own, none for the second.
+_CREATED = {_IDS[0]: "2026-01-01T00:00:00Z", _IDS[1]: ""}
 
 
 @st.composite
@@ -488,8 +507,9 @@ def listed(draw: st.DrawFn) -> ServerRecord:
     metadata = {META_CLUSTER: CLUSTER, META_GROUP: group}
     if request is not None:
         metadata[META_REQUEST] = request
+    server_id = draw(st.sampled_from(_IDS))
     return ServerRecord(
-        server_id=draw(st.sampled_from(_IDS)),
+        server_id=server_id,
         name=draw(st.sampled_from(["prod-workers-1", "prod-workers-2"])),
         status=draw(st.sampled_from(["active", "ACTIVE", "BUILD", "ERROR"])),
         metadata=metadata,
@@ -500,7 +520,7 @@ def listed(draw: st.DrawFn) -> ServerRecord:
                 lambda text: None if text is None else Fault(500, text)
             )
         ),
-        created=draw(st.sampled_from(["", "2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z"])),
+        created=_CREATED[server_id],
     )
 
 

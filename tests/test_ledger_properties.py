@@ -119,7 +119,7 @@ class LedgerMachine(RuleBasedStateMachine):
             task_state=None,
             request_id=request_id,
             fault=None,
-            created=f"{self.now:012.3f}-{len(self.nova):06d}",
+            created=self.now + len(self.nova) * 1e-6,  # unique, in the order stored
         )
         self.nova[server_id] = NovaServer(server)
         return server

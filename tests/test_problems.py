@@ -35,7 +35,7 @@ def server(server_id: str, status: str = "ACTIVE", group: str = "workers", **cha
         task_state=None,
         request_id=None,
         fault=None,
-        created=datetime.fromtimestamp(T0, UTC).isoformat(),
+        created=T0,
     )
     return replace(made, **changes)
 
@@ -176,7 +176,7 @@ BEFORE_JOINING = GroupProblem.DELETED_BEFORE_JOINING
 
 def made(server_id: str, at: float) -> Server:
     """A server Nova created ``at`` seconds after T0."""
-    return server(server_id, created=datetime.fromtimestamp(T0 + at, UTC).isoformat())
+    return server(server_id, created=T0 + at)
 
 
 def told(changes: list[GroupProblemChange]) -> list[tuple[str, bool, int]]:
@@ -272,7 +272,7 @@ def test_the_problems_that_hold_are_listed_with_since_when_and_why():
     fault = Fault(500, "No valid host was found.")
     world.listing(server("b", "BUILD"), server("e", "ERROR", fault=fault))
     world.review(1800)  # b stuck, e in error
-    world.listing(server("a", "BUILD", created=datetime.fromtimestamp(T0 - 60, UTC).isoformat()))
+    world.listing(server("a", "BUILD", created=T0 - 60))
     world.listing(server("s", group="retired"))
     world.review(1900)  # a stuck too, later than b; s of a group not configured
     listed = [

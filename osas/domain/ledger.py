@@ -29,6 +29,7 @@ call. The invariants osas promises live here:
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -1043,8 +1044,9 @@ class Ledger:
         self._changed(mark.group_id)
 
 
-def _keep_order(server: Server) -> tuple[int, str, str]:
+def _keep_order(server: Server) -> tuple[int, float, str]:
     """Which of several servers made for one request to keep: the furthest along, then the
-    oldest."""
+    oldest (one without a time first, as its text sorted before)."""
     rank = {"ACTIVE": 0, "BUILD": 1}.get(server.status, 2)
-    return rank, server.created, server.server_id
+    created = server.created
+    return rank, -math.inf if created is None else created, server.server_id

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from enum import StrEnum
 
 from osas.domain.servers import Server, classify_fault
@@ -81,13 +80,6 @@ class ActiveProblem:
     group_id: str
     since: float
     detail: str
-
-
-def _created_at(server: Server) -> float | None:
-    try:
-        return datetime.fromisoformat(server.created).timestamp()
-    except ValueError:
-        return None
 
 
 def _sharing(server: Server, snapshot: Snapshot, marked: Container[str]) -> int:
@@ -207,7 +199,7 @@ class ProblemWatch:
                 found.append((Problem.DELETE_STUCK, detail))
             watch = True
         elif server.status == "BUILD":
-            since = _created_at(server) or self._building_since.setdefault(server.server_id, now)
+            since = server.created or self._building_since.setdefault(server.server_id, now)
             after = self.settings.stuck_build_after
             if now - since >= after:
                 detail = f"in BUILD longer than reconcile.stuck_build_after ({_span(after)})"
@@ -323,7 +315,7 @@ class JoinWatch:
             server_id = server if isinstance(server, str) else server.server_id
             if server_id in streak.deleted:
                 continue
-            created = None if isinstance(server, str) else _created_at(server)
+            created = None if isinstance(server, str) else server.created
             streak.deleted[server_id] = (now, now if created is None else created)
             added += 1
         return added, self._judge(group_id, streak, now, "")
@@ -332,7 +324,7 @@ class JoinWatch:
         """A server of the group has a Node: the deletions of servers created before it are no
         longer evidence (what broke them works again)."""
         streak = self._streaks.get(group_id)
-        created = _created_at(server)
+        created = server.created
         if streak is None or created is None:
             return []
         before = len(streak.deleted)

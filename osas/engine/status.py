@@ -173,7 +173,7 @@ def _problem_servers(sources: StatusSources) -> list[dict[str, Any]]:
     listed = []
     for entry in sources.reconciler.problems.listed()[:PROBLEM_SERVERS_SHOWN]:
         server = snapshot.get(entry.server_id)
-        created = _wall_time(server.created) if server is not None else None
+        created = server.created if server is not None else None
         listed.append(
             {
                 "problem": entry.problem.value,
@@ -186,15 +186,6 @@ def _problem_servers(sources: StatusSources) -> list[dict[str, Any]]:
             }
         )
     return listed
-
-
-def _wall_time(iso: str) -> float | None:
-    """Nova's ISO 8601 time as seconds since the epoch (None when it is not one)."""
-    try:
-        when = datetime.fromisoformat(iso)
-    except ValueError:
-        return None
-    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
 
 
 def _reload(sources: StatusSources) -> dict[str, Any] | None:
