@@ -46,7 +46,32 @@ EXIT_TLS = 4
 CHECK_REQUEST_TIMEOUT = 5.0
 
 
-def check_tls(config: OsasConfig, out: TextIO) -> int:
+class Report:
+    """check-config's output as it comes, and its problems, kept for the one line on stderr
+    that ends a failed check (``summary``)."""
+
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+        self.problems: list[str] = []
+
+    def write(self, text: str) -> None:
+        self._out.write(text)
+
+    def problem(self, section: str, text: str) -> None:
+        """One problem: a ``PROBLEM`` line in the output, and kept for the summary."""
+        self._out.write(f"{section}: PROBLEM: {text}\n")
+        self.problems.append(f"{section}: {text}")
+
+    def summary(self) -> str:
+        count = len(self.problems)
+        first = self.problems[0] if self.problems else "see the output above"
+        return (
+            f"{count} problem(s) (each above, marked PROBLEM or NOT FOUND); the first: "
+            f"{first}; fix it and run osas check-config again"
+        )
+
+
+def check_tls(config: OsasConfig, out: Report) -> int:
     """The TLS files: readable, key matching the certificate, valid now (a warning within a
     week of the end), covering ``tls.server_names``, a client CA that is a certificate."""
     tls = config.server_settings().tls
@@ -57,7 +82,8 @@ def check_tls(config: OsasConfig, out: TextIO) -> int:
     try:
         identity = inspect_files(tls, now)
     except CertificateError as exc:
-        out.write(f"tls: PROBLEM: {exc}\n\n")
+        out.problem("tls", str(exc))
+        out.write("\n")
         return EXIT_TLS
     names = ", ".join(identity.names()) or "no names"
     out.write(f"tls: ok: {tls.cert_file} names {names}, valid until {identity.not_after:%Y-%m-%d}")
@@ -86,7 +112,7 @@ async def reach_cloud(cloud: Cloud, wait: float) -> str:
         await anyio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
-async def check_cloud(config: OsasConfig, cloud: Cloud, out: TextIO, *, wait: float = 0.0) -> int:
+async def check_cloud(config: OsasConfig, cloud: Cloud, out: Report, *, wait: float = 0.0) -> int:
     """Print one row per resource each node group names; 0 when all are found, 1 when some are
     not, 3 when the cloud cannot be used at all."""
     groups = config.cluster_spec().node_groups
@@ -97,7 +123,7 @@ async def check_cloud(config: OsasConfig, cloud: Cloud, out: TextIO, *, wait: fl
             rows += [(spec.group_id, ref) for ref in await cloud.resolve(spec)]
         headroom = await _headroom_rows(cloud, groups)
     except CloudError as exc:
-        out.write(f"cloud: PROBLEM: the cloud cannot be used: {exc}\n")
+        out.problem("cloud", f"the cloud cannot be used: {exc}")
         return EXIT_CLOUD
     finally:
         await cloud.close()
@@ -114,11 +140,12 @@ async def check_cloud(config: OsasConfig, cloud: Cloud, out: TextIO, *, wait: fl
         rows_of_quota, unread = headroom
         out.write("quota: what the project can still hold, as CA will be told\n")
         _write_table([("NODE GROUP", "MAX SIZE", "HEADROOM", "LIMITED BY"), *rows_of_quota], out)
-        out.writelines(
-            f"quota: {resource} cannot be read ({reason}); it bounds nothing\n"
-            for resource, reason in unread.items()
-        )
-    missing = [ref for _, ref in rows if not ref.found]
+        for resource, reason in unread.items():
+            out.write(f"quota: {resource} cannot be read ({reason}); it bounds nothing\n")
+    missing = [(group, ref) for group, ref in rows if not ref.found]
+    out.problems.extend(
+        f"cloud: node group {group!r}: {ref.kind} {ref.name!r} not found" for group, ref in missing
+    )
     out.write(f"\n{len(missing)} problem(s)\n" if missing else "\nall resources found\n")
     return EXIT_FAILED if missing else EXIT_OK
 
@@ -147,14 +174,14 @@ async def _headroom_rows(
     return rows, quota.unread
 
 
-def _write_table(table: Sequence[tuple[str, ...]], out: TextIO) -> None:
+def _write_table(table: Sequence[tuple[str, ...]], out: Report) -> None:
     widths = [max(len(row[column]) for row in table) for column in range(len(table[0]))]
     for row in table:
         out.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
         out.write("\n")
 
 
-def check_user_data(config: OsasConfig, out: TextIO) -> int:
+def check_user_data(config: OsasConfig, out: Report) -> int:
     """Each group's user data built as for a create (files read, variables filled in, the size
     checked), and every ``${name}`` it would leave as written; the content is never printed."""
     files = SecretFiles()
@@ -173,25 +200,27 @@ def check_user_data(config: OsasConfig, out: TextIO) -> int:
             )
             read = read_template(spec, files)  # as read for the build: not read twice
         except UserDataError as exc:
-            out.write(f"user data: PROBLEM: {exc}\n")
+            out.problem("user data", str(exc))
             problems += 1
             continue
         if text is None or read is None:
             continue
         template, source = read
         if mints_unused_tokens(spec, template):
-            out.write(
-                f"user data: PROBLEM: node group {group!r}: {source} never says "
-                "${bootstrap_token}, yet bootstrap_token mints a token for each create\n"
+            out.problem(
+                "user data",
+                f"node group {group!r}: {source} never says ${{bootstrap_token}}, yet "
+                "bootstrap_token mints a token for each create",
             )
             problems += 1
             continue
         unfilled = unfilled_placeholders(template, template_variables(spec))
-        out.writelines(
-            f"user data: PROBLEM: node group {group!r}: {source} line {placeholder.line}: "
-            f"${{{placeholder.name}}} names no variable; osas leaves it as written\n"
-            for placeholder in unfilled
-        )
+        for placeholder in unfilled:
+            out.problem(
+                "user data",
+                f"node group {group!r}: {source} line {placeholder.line}: "
+                f"${{{placeholder.name}}} names no variable; osas leaves it as written",
+            )
         if unfilled:
             out.write(f"user data:   fix: {unfilled_hint(spec, unfilled)}\n")
             problems += 1
@@ -201,7 +230,7 @@ def check_user_data(config: OsasConfig, out: TextIO) -> int:
     return EXIT_FAILED if problems else EXIT_OK
 
 
-async def check_join_tokens(config: OsasConfig, out: TextIO) -> int:
+async def check_join_tokens(config: OsasConfig, out: Report) -> int:
     """For the groups with ``bootstrap_token``: a token minted as a create would, judged by
     the API server in full (RBAC, admission policies) and stored nowhere (a dry run)."""
     specs = [
@@ -212,7 +241,8 @@ async def check_join_tokens(config: OsasConfig, out: TextIO) -> int:
     try:
         tokens = join_tokens_for(config, None)
     except ConfigError as exc:
-        out.write(f"join tokens: PROBLEM: {exc}\n\n")
+        out.problem("join tokens", str(exc))
+        out.write("\n")
         return EXIT_FAILED
     if tokens is None:  # no group mints: nothing to rehearse
         return EXIT_OK
@@ -222,7 +252,7 @@ async def check_join_tokens(config: OsasConfig, out: TextIO) -> int:
             try:
                 name = await tokens.rehearse(group_id=group, ttl=ttl)
             except JoinTokenError as exc:
-                out.write(f"join tokens: PROBLEM: node group {group!r}: {exc}\n")
+                out.problem("join tokens", f"node group {group!r}: {exc}")
                 problems += 1
                 continue
             out.write(
@@ -235,7 +265,7 @@ async def check_join_tokens(config: OsasConfig, out: TextIO) -> int:
     return EXIT_FAILED if problems else EXIT_OK
 
 
-async def check_config(config: OsasConfig, cloud: Cloud, out: TextIO, *, wait: float = 0.0) -> int:
+async def check_config(config: OsasConfig, cloud: Cloud, out: Report, *, wait: float = 0.0) -> int:
     """Every check, every problem reported; the exit code of the first that failed. ``wait``:
     see :func:`reach_cloud`."""
     codes = [

@@ -102,4 +102,4 @@ def test_status_takes_the_port_from_osas_metrics_listen_as_serve_does(tmp_path):
     env = environment(OSAS_METRICS_LISTEN=f"0.0.0.0:{port}")
     result = osas("status", "--config", str(config), env=env)
     assert result.returncode == 3, result.stderr
-    assert result.stderr.startswith(f"osas status: no answer from http://127.0.0.1:{port}/status")
+    assert result.stderr.startswith(f"osas status: nothing listens at 127.0.0.1:{port}: is osas")

@@ -27,7 +27,7 @@ import yaml
 from support import Provider, ca_client, config_on, make_config, write_config
 
 from osas.app import openstack_cloud
-from osas.check import check_join_tokens
+from osas.check import Report, check_join_tokens
 from osas.config import ConfigError, load_config
 from osas.election.port import JoinTokenError
 from osas.election.tokens import NODE_TOKEN_GROUP, BootstrapTokens
@@ -188,12 +188,12 @@ async def test_check_config_rehearses_the_mint_and_stores_nothing(standin, tmp_p
     data_ = config_on_nothing(standin.kubeconfig)
     config = load_config(write_config(tmp_path, data_))
     out = io.StringIO()
-    assert await check_join_tokens(config, out) == 0
+    assert await check_join_tokens(config, Report(out)) == 0
     assert "join tokens: ok: node group 'workers': a Secret like bootstrap-token-" in out.getvalue()
     assert standin.secrets("kube-system") == []
     standin.grant("osas-standin-token", {"kube-system"}, resources={"leases"})
     out = io.StringIO()
-    assert await check_join_tokens(config, out) == 1
+    assert await check_join_tokens(config, Report(out)) == 1
     assert "join tokens: PROBLEM: node group 'workers': the Kubernetes API refused" in (
         out.getvalue()
     )

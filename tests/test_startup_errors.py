@@ -339,7 +339,7 @@ def test_osas_status_reads_only_the_port_of_a_file_whose_user_data_files_are_els
     data["node_groups"][1]["user_data_file"] = "/etc/osas/bootstrap/user-data"
     outcome = osas("status", "--config", str(write_config(tmp_path, data)))
     assert outcome.code == EXIT_CLOUD, outcome.stderr
-    assert outcome.stderr.startswith(f"osas status: no answer from http://127.0.0.1:{port}/status")
+    assert outcome.stderr.startswith(f"osas status: nothing listens at 127.0.0.1:{port}: is osas")
 
 
 # -- check-config --------------------------------------------------------------------------------
@@ -390,7 +390,11 @@ def test_check_config_says_what_a_closed_port_means_in_one_line(sim, tmp_path):
         "that osas can reach it"
     )
     assert "HTTPConnectionPool" not in outcome.stdout + outcome.stderr
-    assert outcome.stderr == ""  # keystoneauth's warnings are said by osas's line
+    # keystoneauth's warnings are said by osas's line, which ends on stderr as one line.
+    assert outcome.stderr == (
+        "osas check-config: 1 problem(s) (each above, marked PROBLEM or NOT FOUND); the first: "
+        f"{line.replace(': PROBLEM', '', 1)}; fix it and run osas check-config again\n"
+    )
 
 
 @pytest.mark.long
@@ -416,7 +420,12 @@ def test_check_config_answers_soon_when_keystone_accepts_and_never_answers(sim, 
         outcome.stdout,
         re.MULTILINE,
     ), outcome.stdout
-    assert outcome.stderr == ""
+    # Then one line on stderr, as every failing command ends.
+    assert outcome.stderr.startswith(
+        "osas check-config: 1 problem(s) (each above, marked PROBLEM or NOT FOUND); the "
+        f"first: cloud: the cloud cannot be used: cannot reach {url}"
+    ), outcome.stderr
+    assert outcome.stderr.count("\n") == 1
 
 
 # -- what osas says when it does start -----------------------------------------------------------

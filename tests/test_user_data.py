@@ -13,7 +13,7 @@ import pytest
 from support import Provider, ca_client, config_data, config_on, make_config, write_config
 
 from osas.app import openstack_cloud
-from osas.check import check_user_data
+from osas.check import Report, check_user_data
 from osas.config import ConfigError, load_config, startup_summary
 from osas.domain.specs import NodeGroupSpec
 from osas.engine.userdata import (
@@ -259,7 +259,7 @@ def test_check_config_lists_each_placeholder_left_as_written(tmp_path):
     data["node_groups"][0]["user_data_file"] = str(tmp_path / "template")
     data["node_groups"][0]["user_data_vars"] = {"join_token": str(tmp_path / "token")}
     out = io.StringIO()
-    assert check_user_data(load_config(write_config(tmp_path, data)), out) == 1
+    assert check_user_data(load_config(write_config(tmp_path, data)), Report(out)) == 1
     lines = out.getvalue().splitlines()
     where = f"user data: PROBLEM: node group 'workers': {tmp_path / 'template'}"
     assert lines[:4] == [
@@ -437,7 +437,7 @@ def test_check_config_builds_every_group_user_data_without_showing_it(tmp_path):
     config = load_config(write_config(tmp_path, data))
     (tmp_path / "gone").unlink()
     out = io.StringIO()
-    assert check_user_data(config, out) == 1
+    assert check_user_data(config, Report(out)) == 1
     report = out.getvalue()
     assert "user data: ok: node group 'workers', 29 bytes" in report
     problem = f"user data: PROBLEM: node group 'gpu': user_data_vars.t: {tmp_path / 'gone'}"

@@ -9,7 +9,7 @@ from functools import partial
 import anyio
 
 from osas.app import openstack_cloud
-from osas.check import CHECK_REQUEST_TIMEOUT, check_config
+from osas.check import CHECK_REQUEST_TIMEOUT, EXIT_OK, Report, check_config
 from osas.cli.exit_codes import EXIT_CONFIG, CommandError
 from osas.config import CONFIG_ENV, ConfigError, load_config
 from osas.process import configure_logging
@@ -27,4 +27,9 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"configuration error:{separator}{problems}", EXIT_CONFIG) from exc
     # Each request bounded and sent once: it answers soon even against a silent Keystone.
     cloud = openstack_cloud(config, request_timeout=CHECK_REQUEST_TIMEOUT)
-    return anyio.run(partial(check_config, wait=args.wait), config, cloud, sys.stdout)
+    report = Report(sys.stdout)
+    code = anyio.run(partial(check_config, wait=args.wait), config, cloud, report)
+    if code != EXIT_OK:
+        sys.stdout.flush()  # the rows first: the line on stderr comes last
+        raise CommandError(report.summary(), code)
+    return code

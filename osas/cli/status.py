@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import sys
 import time
+import urllib.error
+import urllib.parse
 from pathlib import Path
 
 from osas.cli.exit_codes import EXIT_CLOUD, EXIT_CONFIG, CommandError
@@ -34,6 +37,25 @@ def _url_from(path: Path | None) -> str:
     return status_url(listen)
 
 
+def _no_answer(url: str, exc: Exception) -> str:
+    """Why ``url`` gave no /status, in words, with what to check."""
+    where = urllib.parse.urlsplit(url).netloc or url
+    check = (
+        "is osas running, and is that its metrics_listen? (osas serve logs the port it "
+        "listens at as 'metrics listening'; give --url or --config)"
+    )
+    if isinstance(exc, urllib.error.HTTPError):
+        return f"{url}/status answered HTTP {exc.code}: {check}"
+    cause = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    if isinstance(cause, ConnectionRefusedError):
+        return f"nothing listens at {where}: {check}"
+    if isinstance(cause, TimeoutError):
+        return f"{where} accepted the connection but sent no /status in time: {check}"
+    if isinstance(cause, socket.gaierror):
+        return f"{where}: the host name does not resolve ({cause.strerror}); give --url"
+    return f"no answer from {url}/status ({cause}): {check}"
+
+
 def run(args: argparse.Namespace) -> int:
     url = args.url if args.url is not None else _url_from(args.config)
     deadline = time.monotonic() + args.wait
@@ -44,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
             if time.monotonic() < deadline:
                 time.sleep(0.5)
                 continue
-            raise CommandError(f"no answer from {url}/status: {exc}", EXIT_CLOUD) from exc
+            raise CommandError(_no_answer(url, exc), EXIT_CLOUD) from exc
         if status.get("ready") or time.monotonic() >= deadline:
             break
         time.sleep(0.5)

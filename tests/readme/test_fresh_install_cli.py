@@ -134,6 +134,18 @@ def unclosed_quote_in(name: str) -> Callable[[Path], Callable[[], None]]:
     return setup
 
 
+def missing_tls_files(cwd: Path) -> Callable[[], None]:
+    """A configuration whose TLS files are not there, and no cloud to reach either."""
+    (cwd / "no-tls-files.yaml").write_text(
+        "cluster_name: c\n"
+        "tls: {cert_file: tls.crt, key_file: tls.key, client_ca_file: ca.crt}\n"
+        "node_groups:\n"
+        "- {id: workers, min_size: 0, max_size: 3, flavor: m1.small, image: ubuntu,"
+        " networks: [net]}\n"
+    )
+    return lambda: None
+
+
 def nothing(cwd: Path) -> Callable[[], None]:
     (cwd / "osas.yaml").write_text("cluster_name: c\n")
     return lambda: None
@@ -145,6 +157,7 @@ CASES: dict[str, Callable[[Path], Callable[[], None]]] = {
     "osas serve --config missing.yaml": nothing,
     "osas check-config --config missing.yaml": nothing,
     "osas check-config --config osas.yaml --wait soon": nothing,
+    "osas check-config --config no-tls-files.yaml": missing_tls_files,
     "osas status": nothing,
     "osas status --config broken.yaml": unclosed_quote_in("broken.yaml"),
     "osas status --url 127.0.0.1:8088": nothing,
