@@ -63,6 +63,9 @@ from osas.service.server import ProviderServer
 logger = structlog.get_logger(__name__)
 
 _FIRST_SYNC_MAX_BACKOFF = 30.0
+# While the first sync waits for OpenStack, the log says so after this long, then this often.
+_FIRST_SYNC_FIRST_REPORT = 5.0
+_FIRST_SYNC_REPORT_EVERY = 30.0
 
 
 class LeaseLost(Exception):
@@ -184,6 +187,7 @@ class App:
             self._reloads.labels(result)
         self.leadership = _leadership(config)
         self.lease_lost = False
+        self._first_sync_retry_at: float | None = None  # while the first sync pauses
         # A standby adopts the writer's servers silently; it writes once elected.
         self.inventory.ledger.set_writer(not self.leadership.enabled)
         ledger = self.inventory.ledger
@@ -302,14 +306,7 @@ class App:
         if self._stop.is_set():
             return "shutting down"
         if not self.inventory.synced:
-            sync = self.reconciler.status
-            if sync.failing_since is None or sync.last_error is None:
-                return "first sync with OpenStack not done yet"
-            failing = anyio.current_time() - sync.failing_since
-            return (
-                f"first sync with OpenStack not done yet: {sync.consecutive_failures} "
-                f"attempt(s) failed over {failing:.0f}s, the last: {sync.last_error}"
-            )
+            return f"first sync with OpenStack not done yet: {self._first_sync_wait()}"
         refused = self.reconciler.status.credentials_refused
         if refused is not None:
             return f"OpenStack refuses osas's credentials: {refused}"
@@ -406,11 +403,59 @@ class App:
             if result == "unchanged" and forced:
                 self._reloads.labels("unchanged").inc()
 
+    def _first_sync_wait(self) -> str:
+        """What the first sync waits for and since when, counted from its first attempt: a
+        cloud that never answers fails an attempt only at its timeout, a refused one at once."""
+        sync, now = self.reconciler.status, anyio.current_time()
+        openstack = self.config.openstack
+        parts = []
+        if sync.failing_since is not None and sync.last_error is not None:
+            parts.append(
+                f"failing for {now - sync.failing_since:.0f}s "
+                f"({sync.consecutive_failures} attempt(s) failed), the last: {sync.last_error}"
+            )
+        if sync.waiting_for is not None and sync.waiting_since is not None:
+            retrying = self.reconciler.retrying()
+            answer = (
+                f"no answer yet (each request waits up to openstack.api_timeout, "
+                f"{openstack.api_timeout.total_seconds():g}s, and is sent up to "
+                f"openstack.attempts, {openstack.attempts}, times)"
+                if retrying is None
+                else retrying
+            )
+            parts.append(
+                f"{'now ' if parts else ''}waiting {now - sync.waiting_since:.0f}s for "
+                f"{sync.waiting_for} from OpenStack: {answer}"
+            )
+        elif self._first_sync_retry_at is not None:
+            parts.append(f"next attempt in {max(0.0, self._first_sync_retry_at - now):.0f}s")
+        return "; ".join(parts) or "starting"
+
     async def _first_sync(self) -> None:
         """Check the cloud and list it; retried until OpenStack answers. A cloud that cannot be
-        used as configured (credentials, microversion) stops the process instead."""
+        used as configured (credentials, microversion) stops the process instead. While it
+        waits, the log says for what and since when: first after a few seconds, then every
+        half minute."""
+        async with anyio.create_task_group() as reporting:
+            reporting.start_soon(self._report_first_sync_wait)
+            await self._first_sync_attempts()
+            reporting.cancel_scope.cancel()
+
+    async def _report_first_sync_wait(self) -> None:
+        began = anyio.current_time()
+        await anyio.sleep(_FIRST_SYNC_FIRST_REPORT)
+        while True:
+            logger.warning(
+                "still waiting for OpenStack: the first sync is not done",
+                waiting_seconds=round(anyio.current_time() - began),
+                state=self._first_sync_wait(),
+            )
+            await anyio.sleep(_FIRST_SYNC_REPORT_EVERY)
+
+    async def _first_sync_attempts(self) -> None:
         delay = self.settings.reconcile.retry_backoff
         while True:
+            begun = anyio.current_time()
             try:
                 described = await self.reconciler.verify_cloud()
                 logger.info("cloud ready", cloud=described)
@@ -418,8 +463,18 @@ class App:
             except CloudConfigurationError:
                 raise
             except CloudError as exc:
-                logger.warning("first sync failed; retrying", error=str(exc), retry_in=delay)
+                now = anyio.current_time()
+                # The attempt's own length (its requests' timeouts and retries) said with the
+                # pause after it: the two make the gap between these lines.
+                logger.warning(
+                    "first sync failed; retrying",
+                    error=str(exc),
+                    attempt_seconds=round(now - begun, 1),
+                    retry_in=delay,
+                )
+                self._first_sync_retry_at = now + delay
                 await anyio.sleep(delay)
+                self._first_sync_retry_at = None
                 delay = min(delay * 2, _FIRST_SYNC_MAX_BACKOFF)
             else:
                 logger.info("first sync done", servers=len(self.inventory.snapshot))

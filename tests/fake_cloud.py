@@ -153,6 +153,9 @@ class FakeCloud:
     def reload_credentials(self) -> list[str]:
         return []  # no files: the fake takes no credentials
 
+    def retrying(self) -> str | None:
+        return None  # the fake fails a call at once, never tries it again
+
     async def resolve(self, spec: NodeGroupSpec) -> list[Reference]:
         """Only flavors are modelled here; every other name is taken as found."""
         await self._call()

@@ -582,9 +582,9 @@ STATUS_SCREENS: dict[str, tuple[str, ...]] = {
     "an unreachable cloud": (
         r"^cluster \S+ \(config \S+\)$",
         (
-            r"^osas \S+: NOT READY: first sync with OpenStack not done yet: \d+ attempt\(s\) "
-            r"failed over \d+s, the last: cannot reach http\S+: connection refused: nothing "
-            r"listens at that address and port; check the address"
+            r"^osas \S+: NOT READY: first sync with OpenStack not done yet: failing for \d+s "
+            r"\(\d+ attempt\(s\) failed\), the last: cannot reach http\S+: connection refused: "
+            r"nothing listens at that address and port; check the address"
         ),
         r"^last sync never; 0 full, 0 incremental, \d+ failed$",
         r"^OpenStack FAILING for \d+s \(\d+ in a row\); last error: above$",

@@ -360,7 +360,7 @@ async def test_an_outage_at_start_shows_its_cause_in_status_readyz_and_metrics(t
         assert syncs["last_error"].startswith(cause)
         status, text = await fetch(port, "/readyz")
         assert status == 503
-        assert "attempt(s) failed over" in text
+        assert "attempt(s) failed), the last: " in text
         assert cause in text
         samples = await scrape(port)
         assert value(samples, "osas_reconcile_failures_total", kind="full") >= 3
@@ -554,8 +554,8 @@ async def test_osas_status_prints_one_screen_from_a_running_osas(tmp_path):
             assert out.splitlines()[0] == f"cluster {CLUSTER}"
             assert out.splitlines()[1].endswith(": ready")
             row = next(line for line in out.splitlines() if line.startswith("big "))
-            # GROUP MIN TARGET MAX RUNNING CREATING DELETING ERROR QUEUED IN-DOUBT FAILED
-            assert row.split() == ["big", "0", "2", "60", "0", "0", "0", "1", "0", "0", "1"]
+            # GROUP MIN TARGET MAX RUNNING BUILDING ERROR QUEUED SENT IN-DOUBT FAILED DELETING
+            assert row.split() == ["big", "0", "2", "60", "0", "0", "1", "0", "0", "0", "1", "0"]
             assert "1 x QuotaExceeded (class 1)" in out
             assert "1 x NoValidHost (class 1)" in out
             assert "error 1, build-stuck 0, delete-stuck 0, unconfigured-group 1" in out
@@ -573,7 +573,7 @@ async def test_osas_status_prints_one_screen_from_a_running_osas(tmp_path):
                 subprocess.run, command, capture_output=True, text=True, timeout=60, check=False
             )
             assert result.returncode == 3
-            assert "no answer from http://127.0.0.1:1/status" in result.stderr
+            assert "nothing listens at 127.0.0.1:1: is osas running" in result.stderr
         finally:
             await provider.stop()
 

@@ -10,18 +10,22 @@ PROBLEMS = tuple(problem.value for problem in Problem)
 # Servers needing a person listed one by one on the screen (``--json`` has more).
 PROBLEM_SERVERS_ON_SCREEN = 10
 
+# From RUNNING to FAILED the columns add up to TARGET, at every moment: listed servers by
+# state, then creates in hand from accepted to sent (Nova answered, no listing shows the server
+# yet) or in doubt, and failed until CA removes them. DELETING is outside the target.
 _COLUMNS = (
     ("GROUP", 14),
     ("MIN", 4),
     ("TARGET", 7),
     ("MAX", 5),
     ("RUNNING", 9),
-    ("CREATING", 9),
-    ("DELETING", 9),
+    ("BUILDING", 9),
     ("ERROR", 6),
     ("QUEUED", 7),
+    ("SENT", 5),
     ("IN-DOUBT", 9),
     ("FAILED", 7),
+    ("DELETING", 9),
 )
 
 
@@ -168,11 +172,12 @@ def render_status(status: dict[str, Any]) -> str:
                     str(group.get("reported_max_size", group["max_size"])),
                     str(servers["running"]),
                     str(servers["creating"]),
-                    str(servers["deleting"]),
                     str(servers["error"]),
-                    str(creates["queued"] + creates["sending"]),
+                    str(creates["queued"]),
+                    str(creates["sending"] + creates["created"]),
                     str(creates["in_doubt"]),
                     str(creates["failed"]),
+                    str(servers["deleting"]),
                 ]
             )
         )

@@ -560,6 +560,8 @@ class OpenStackCloud:
         self._threads = DaemonThreads(settings.concurrency, "osas-openstack")
         self._create_threads = DaemonThreads(settings.concurrency, "osas-openstack-create")
         self._pacer = Pacer(settings.rate_limit)
+        # Calls in progress that failed for a while and are being tried again: why.
+        self._retrying: dict[object, str] = {}
         self._resolved: TTLCache[tuple[str, str], str | None] = TTLCache(
             maxsize=1024, ttl=settings.resolve_ttl
         )
@@ -838,19 +840,30 @@ class OpenStackCloud:
         settings = self._settings
         failures = 0
         begun = time.monotonic()
-        while True:
-            try:
-                return await self._once(operation, rated=rated, operation_name=operation_name)
-            except RateLimited:
-                if time.monotonic() - begun >= _RATE_LIMITED_PATIENCE:
-                    raise
-            except CloudUnavailable:
-                failures += 1
-                if failures >= settings.attempts:
-                    raise
-                # Exponential, with jitter so that threads refused together spread out.
-                delay = min(settings.backoff_max, settings.backoff * 2 ** (failures - 1))
-                await anyio.sleep(delay + random.uniform(0, settings.backoff))  # noqa: S311
+        call = object()  # this call's key among those being retried
+        try:
+            while True:
+                try:
+                    return await self._once(operation, rated=rated, operation_name=operation_name)
+                except RateLimited:
+                    if time.monotonic() - begun >= _RATE_LIMITED_PATIENCE:
+                        raise
+                except CloudUnavailable as exc:
+                    failures += 1
+                    if failures >= settings.attempts:
+                        raise
+                    self._retrying[call] = (
+                        f"{exc} (try {failures} of openstack.attempts, {settings.attempts}; "
+                        "trying again)"
+                    )
+                    # Exponential, with jitter so that threads refused together spread out.
+                    delay = min(settings.backoff_max, settings.backoff * 2 ** (failures - 1))
+                    await anyio.sleep(delay + random.uniform(0, settings.backoff))  # noqa: S311
+        finally:
+            self._retrying.pop(call, None)
+
+    def retrying(self) -> str | None:
+        return next(reversed(self._retrying.values()), None)
 
     # -- the port ---------------------------------------------------------------------------------
 

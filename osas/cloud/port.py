@@ -125,6 +125,11 @@ class Cloud(Protocol):
         next call authenticates with them). The adapter also does this by itself."""
         ...
 
+    def retrying(self) -> str | None:
+        """Why a call in progress is being tried again (a refused connection, a 503...), while
+        one is: a sync that has not failed yet may already be failing."""
+        ...
+
     async def verify(self) -> str:
         """Check that the cloud can be used as osas needs it; a short description of it.
         Raises ``CloudConfigurationError`` when it cannot (e.g. a compute microversion < 2.52)."""

@@ -99,10 +99,15 @@ class SyncStatus:
     incremental_syncs: int = 0
     failures: int = 0
     last_error: str | None = None
-    # Failures since the last sync that worked, and when the first of them came (the
-    # reconciler's clock): an outage's length, also before the first sync ever worked.
+    # Failures since the last sync that worked, and when the first of them was begun (the
+    # reconciler's clock): an outage's length, counted from the first attempt that did not
+    # work (a hung cloud fails only at the attempt's timeout), also before any sync worked.
     consecutive_failures: int = 0
     failing_since: float | None = None
+    # The request to OpenStack in progress ("a complete listing", ...) and since when: what
+    # osas waits for, while a hung cloud has not answered yet.
+    waiting_for: str | None = None
+    waiting_since: float | None = None
     # Why OpenStack refuses osas's credentials, while it does (an operator's error).
     credentials_refused: str | None = None
     # Nova's clock minus osas's, seconds, as the last listing's Date header showed it.
@@ -240,6 +245,7 @@ class Reconciler:
         generation = self._ledger.begin_sync()
         begun = time.perf_counter()
         self._went_back = False
+        self._waiting("a complete listing of the servers" if full else "a listing of changes")
         try:
             orders = await self._list(generation, full=full)
         except CloudError as exc:
@@ -247,6 +253,8 @@ class Reconciler:
             if self._metrics is not None:
                 self._metrics.record_sync(full=full, seconds=None)
             raise
+        finally:
+            self.status.waiting_for = self.status.waiting_since = None
         if self.status.credentials_refused is not None:
             logger.info("OpenStack accepts osas's credentials again")
             self.status.credentials_refused = None
@@ -317,6 +325,7 @@ class Reconciler:
     async def verify_cloud(self) -> str:
         """The cloud checked before the first sync (``Cloud.verify``); its failure counts as
         a failed sync, so that /status and the metrics show why the first one is not done."""
+        self._waiting("the cloud's check (a Keystone token, Nova's versions)")
         try:
             return await self._cloud.verify()
         except CloudError as exc:
@@ -324,13 +333,24 @@ class Reconciler:
             if self._metrics is not None:
                 self._metrics.record_sync(full=True, seconds=None)
             raise
+        finally:
+            self.status.waiting_for = self.status.waiting_since = None
+
+    def retrying(self) -> str | None:
+        """Why the sync in progress is trying a request again, while it is (its failure comes
+        only once every try has failed)."""
+        return self._cloud.retrying() if self.status.waiting_for is not None else None
+
+    def _waiting(self, what: str) -> None:
+        self.status.waiting_for, self.status.waiting_since = what, self._clock()
 
     def _failed(self, exc: CloudError) -> None:
-        self.status.failures += 1
-        self.status.last_error = str(exc)
-        self.status.consecutive_failures += 1
-        if self.status.failing_since is None:
-            self.status.failing_since = self._clock()
+        status = self.status
+        status.failures += 1
+        status.last_error = str(exc)
+        status.consecutive_failures += 1
+        if status.failing_since is None:
+            status.failing_since = status.waiting_since or self._clock()
         if isinstance(exc, CredentialsRefused):
             if self.status.credentials_refused is None:
                 # Said once, when it starts: creates wait meanwhile, none is reported failed.

@@ -247,7 +247,8 @@ def build_status(sources: StatusSources) -> dict[str, Any]:
     held = inventory.ledger.headroom_held(sources.clock())
     offset = sync.nova_clock_offset
     problem_count = sum(problems.values())
-    failing = None if sync.failing_since is None else sources.clock() - sync.failing_since
+    now = sources.clock()
+    failing = None if sync.failing_since is None else now - sync.failing_since
     return {
         "cluster_name": inventory.cluster.cluster_name,
         "config_file": sources.config_file,
@@ -262,6 +263,12 @@ def build_status(sources: StatusSources) -> dict[str, Any]:
             "last_error": sync.last_error,
             "consecutive_failures": sync.consecutive_failures,
             "failing_for_seconds": None if failing is None else round(failing, 1),
+            # The request to OpenStack in progress, and how long it has gone unanswered.
+            "waiting_for": sync.waiting_for,
+            "waiting_seconds": (
+                None if sync.waiting_since is None else round(now - sync.waiting_since, 1)
+            ),
+            "retrying": sources.reconciler.retrying(),  # why that request is being sent again
             "nova_clock_offset_seconds": None if offset is None else round(offset, 1),
             "clock_jumps": sync.clock_jumps,
         },
