@@ -123,6 +123,21 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def run_osas(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``osas ARGS`` as a user runs it, in a process of its own; its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "osas", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=env,
+        cwd=cwd,
+    )
+
+
 def write_config(tmp_path: Path, data: dict[str, Any], name: str = "osas.yaml") -> Path:
     path = tmp_path / name
     path.write_text(yaml.safe_dump(data), encoding="utf-8")

@@ -7,22 +7,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 
 import pytest
 import yaml
-from support import ServedOsas, config_on, free_port, write_config
+from support import ServedOsas, config_on, free_port, run_osas, write_config
 
 
 def osas(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "osas", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=env,
-    )
+    return run_osas(*args, env=env, timeout=60)
 
 
 def environment(**extra: str) -> dict[str, str]:

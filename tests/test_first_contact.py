@@ -11,7 +11,6 @@ import os
 import re
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from support import (
     config_data,
     config_on,
     free_port,
+    run_osas,
     write_config,
 )
 
@@ -43,15 +43,7 @@ def environment(**extra: str) -> dict[str, str]:
 
 
 def osas(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "osas", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env=environment(),
-        cwd=cwd,
-    )
+    return run_osas(*args, env=environment(), cwd=cwd)
 
 
 @contextlib.contextmanager
