@@ -28,7 +28,7 @@ from typing import Any
 
 import anyio
 import structlog
-from prometheus_client import CollectorRegistry, Counter, GCCollector, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge, GCCollector, ProcessCollector
 
 from osas import __version__
 from osas.cloud.errors import CloudConfigurationError, CloudError
@@ -232,6 +232,15 @@ class App:
         server_settings = config.server_settings()
         self.server = ProviderServer(self.controller, server_settings, registry=self.registry)
         self._last_reload: ReloadOutcome | None = None
+        # Top-level keys the file changes that only a restart applies, since this process
+        # started (a later reload that puts them back clears them).
+        self._restart_needed: tuple[str, ...] = ()
+        self._restart_needed_gauge = Gauge(
+            "osas_config_restart_needed",
+            "1 while the configuration file changes keys a reload cannot apply (listen, "
+            "openstack, reconcile...): they wait for a restart",
+            registry=self.registry,
+        )
         self._status_sources = StatusSources(
             version=__version__,
             config_file=None if config_path is None else str(config_path),
@@ -245,6 +254,7 @@ class App:
             rejected_certificate_reloads=self._rejected_reloads,
             leadership=self._leadership_status,
             last_reload=lambda: self._last_reload,
+            restart_needed=lambda: self._restart_needed,
         )
         self._register_collectors()
         self.ops = (
@@ -354,9 +364,12 @@ class App:
         restart_only = restart_only_changes(self.config, new)
         if restart_only:
             logger.warning(
-                "configuration changes that need a restart are not applied",
+                "configuration changes that need a restart are not applied; restart osas to "
+                "apply them",
                 keys=restart_only,
             )
+        self._restart_needed = tuple(restart_only)
+        self._restart_needed_gauge.set(1 if restart_only else 0)
         await self.use_cluster(new)
         self._reloads.labels("applied").inc()
         self._last_reload = ReloadOutcome(applied=True, at=time.time())

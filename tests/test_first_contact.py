@@ -9,11 +9,13 @@ import asyncio
 import contextlib
 import os
 import re
+import signal
 import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -322,3 +324,44 @@ async def eventually_sent(sim, count: int) -> None:
     while len(sim.nova.live_servers()) < count:
         assert time.monotonic() < deadline, "the creates never reached Nova"
         await asyncio.sleep(0.02)
+
+
+# -- a reload that needs a restart says so until the restart -------------------------------------
+
+
+def test_a_reload_that_changes_a_key_needing_a_restart_shows_until_the_restart(sim, tmp_path):
+    metrics = f"127.0.0.1:{free_port()}"
+    data = config_on(sim, metrics_listen=metrics)
+    config = write_config(tmp_path, data)
+    with ServedOsas(config, env=environment()) as served:
+        served.wait_for("health SERVING")
+        url = f"http://{metrics}"
+        assert fetch_status(url)["restart_needed_for"] == []
+        write_config(tmp_path, {**data, "listen": f"127.0.0.1:{free_port()}"})
+        served.process.send_signal(signal.SIGHUP)
+        assert served.wait_for("configuration reloaded")["restart_needed"] == ["listen"]
+        # /status is rendered at most every 0.2 s: the one before the reload may still be served.
+        status_until(url, lambda status: status["restart_needed_for"] == ["listen"])
+        screen = osas("status", "--url", url)
+        assert screen.returncode == 0, screen.stderr  # ready: the values in force serve on
+        assert (
+            "RESTART NEEDED: the configuration file changes listen, which a reload does not "
+            "apply; the values osas started with stay in force until a restart"
+        ) in screen.stdout.splitlines()
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as answer:  # noqa: S310
+            assert "osas_config_restart_needed 1.0" in answer.read().decode()
+        # Put back as it runs: nothing waits for a restart any more.
+        write_config(tmp_path, data)
+        served.process.send_signal(signal.SIGHUP)
+        status_until(url, lambda status: status["restart_needed_for"] == [])
+        assert "RESTART NEEDED" not in osas("status", "--url", url).stdout
+
+
+def status_until(url: str, holds: Callable[[dict], bool], timeout: float = 30) -> dict:
+    """The first /status for which ``holds`` is true; fails with the last one after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not holds(status := fetch_status(url)):
+        assert time.monotonic() < deadline, status
+        time.sleep(0.05)
+    return status

@@ -131,6 +131,45 @@ async def test_allow_list_admits_listed_identities_only(tmp_path, pki):
         await provider.stop()
 
 
+def expiry_samples(provider: Provider) -> dict[str, float]:
+    """osas_client_certificate_expiry_timestamp_seconds by client, as a scrape shows it."""
+    text = generate_latest(provider.app.registry).decode()
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("osas_client_certificate_expiry_timestamp_seconds{"):
+            labels, value = line.rsplit(" ", 1)
+            found[labels.split('client="', 1)[1].rstrip('"}')] = float(value)
+    return found
+
+
+async def test_the_client_certificate_ca_presents_is_watched_until_ca_uses_the_renewed_one(
+    tmp_path, pki
+):
+    """CA reads its certificate only at start: the expiry of the one it presents is a
+    metric, so that an alert can say when a renewed certificate is not in use yet."""
+    provider = await start(
+        tmp_path, pki, allowed_clients=["dns:cluster-autoscaler.kube-system.svc"]
+    )
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    try:
+        assert expiry_samples(provider) == {}  # no client yet
+        old_end = now + dt.timedelta(days=20)
+        old = pki.client(None, not_before=now - dt.timedelta(days=700), not_after=old_end)
+        assert await node_groups(address(provider), old)
+        client = "dns:cluster-autoscaler.kube-system.svc"
+        assert expiry_samples(provider) == {client: old_end.timestamp()}
+        # A stranger refused is no client of osas's: nothing of it is recorded.
+        with pytest.raises(grpc.aio.AioRpcError):
+            await node_groups(address(provider), pki.client(None, "intruder.example"))
+        assert expiry_samples(provider) == {client: old_end.timestamp()}
+        new_end = now + dt.timedelta(days=730)
+        renewed = pki.client(None, not_before=now, not_after=new_end)
+        assert await node_groups(address(provider), renewed)  # CA restarted
+        assert expiry_samples(provider) == {client: new_end.timestamp()}
+    finally:
+        await provider.stop()
+
+
 async def options_codes(provider: Provider, tls: ClientTls, times: int) -> list[grpc.StatusCode]:
     """The status of each of ``times`` GetOptions for "workers" with CA's defaults (a group
     without overrides), over one connection."""

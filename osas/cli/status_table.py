@@ -90,12 +90,21 @@ def _sync_lines(status: dict[str, Any]) -> list[str]:
 
 
 def _reload_lines(status: dict[str, Any]) -> list[str]:
-    """A rejected reload of the configuration file: when, why, and what is in force."""
+    """A rejected reload of the configuration file: when, why, and what is in force; keys
+    the file changes that wait for a restart."""
+    lines = []
+    restart = status.get("restart_needed_for") or []
+    if restart:
+        lines.append(
+            f"RESTART NEEDED: the configuration file changes {', '.join(restart)}, which a "
+            "reload does not apply; the values osas started with stay in force until a restart"
+        )
     reload = status.get("config_reload")
     if reload is None or reload["result"] != "rejected":
-        return []
+        return lines
     reasons = str(reload["reason"]).splitlines() or [""]
     return [
+        *lines,
         (
             f"configuration reload REJECTED {_age(reload['seconds_ago'])} ({reload['at']}); "
             "the configuration loaded before stays in force:"

@@ -154,6 +154,8 @@ class StatusSources:
     rejected_certificate_reloads: Callable[[], int]
     leadership: Callable[[], dict[str, object]]  # the leader election's own status
     last_reload: Callable[[], ReloadOutcome | None] = lambda: None
+    # Keys the file changes that only a restart applies.
+    restart_needed: Callable[[], tuple[str, ...]] = tuple
     wall_clock: Callable[[], float] = time.time
 
 
@@ -287,5 +289,6 @@ def build_status(sources: StatusSources) -> dict[str, Any]:
         "problem_servers_not_shown": problem_count - len(shown),
         "group_problems": _group_problems(sources.reconciler, sources.wall_clock()),
         "config_reload": _reload(sources),
+        "restart_needed_for": list(sources.restart_needed()),
         "rejected_certificate_reloads": sources.rejected_certificate_reloads(),
     }

@@ -19,6 +19,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from osas.service.tls import ClientIdentity
+
 # From an answer out of a cache (tens of microseconds) to CA's 5 s deadline.
 _BUCKETS = (
     0.0001,
@@ -85,7 +87,15 @@ class RpcMetrics(Collector):
 
     def __init__(self, registry: CollectorRegistry, methods: Iterable[str]) -> None:
         self.methods = {method: MethodMetrics() for method in methods}
+        # An allowed client's name -> when the certificate it last presented anew expires.
+        self.client_certificates: dict[str, float] = {}
         registry.register(self)
+
+    def client_certificate_seen(self, identity: ClientIdentity) -> None:
+        """A client presented a certificate not seen before (``ClientAllowList``)."""
+        names = identity.names()
+        if names and identity.not_after is not None:
+            self.client_certificates[names[0]] = identity.not_after.timestamp()
 
     def collect(self) -> Iterator[Metric]:
         started = CounterMetricFamily(
@@ -103,6 +113,14 @@ class RpcMetrics(Collector):
             "How long CloudProvider calls took to answer, by method.",
             labels=["method"],
         )
+        expiry = GaugeMetricFamily(
+            "osas_client_certificate_expiry_timestamp_seconds",
+            "When the certificate an allowed client (the Cluster Autoscaler) last presented "
+            "anew expires, by its first name (tls.allowed_clients set).",
+            labels=["client"],
+        )
+        for client, not_after in self.client_certificates.items():
+            expiry.add_metric([client], not_after)
         bounds = [*(str(bound) for bound in _BUCKETS), "+Inf"]  # as prometheus_client writes them
         for method, series in self.methods.items():
             started.add_metric([method], series.started)
@@ -113,6 +131,7 @@ class RpcMetrics(Collector):
         yield started
         yield handled
         yield latency
+        yield expiry
 
 
 class ServiceCollector(Collector):

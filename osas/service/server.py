@@ -232,10 +232,9 @@ class ProviderServer:
         self._controller = controller
         self._settings = settings
         methods = [method.name for method in _SERVICE.methods]
+        self._rpc_metrics = RpcMetrics(registry or CollectorRegistry(), methods)
         self._gate = RpcGate(
-            _SERVICE,
-            RpcMetrics(registry or CollectorRegistry(), methods),
-            max_concurrent=settings.transport.max_concurrent_rpcs,
+            _SERVICE, self._rpc_metrics, max_concurrent=settings.transport.max_concurrent_rpcs
         )
         # grpc-stubs predates health.aio; it is there at runtime since grpcio 1.33.
         self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]
@@ -252,7 +251,13 @@ class ProviderServer:
         server = grpc.aio.server(options=options)
         # No list (the default) admits every client the handshake lets in, at no cost a call.
         tls = settings.tls
-        allow = ClientAllowList(tls.allowed_clients) if tls and tls.allowed_clients else None
+        allow = (
+            ClientAllowList(
+                tls.allowed_clients, on_new_certificate=self._rpc_metrics.client_certificate_seen
+            )
+            if tls and tls.allowed_clients
+            else None
+        )
         servicer = CloudProviderServicer(self._controller)
         server.add_generic_rpc_handlers((provider_handler(servicer, allow, self._gate),))
         _add_generic(health_pb2_grpc.add_HealthServicer_to_server, self._health, server)

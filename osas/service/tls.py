@@ -256,6 +256,7 @@ class ClientIdentity:
     common_name: str | None
     dns_names: tuple[str, ...]
     uris: tuple[str, ...]
+    not_after: datetime | None = None
 
     def names(self) -> list[str]:
         names = [f"dns:{name}" for name in self.dns_names]
@@ -271,19 +272,31 @@ def client_identity(pem: bytes) -> ClientIdentity:
     try:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
-        return ClientIdentity(str(common[0].value) if common else None, (), ())
-    dns = tuple(san.get_values_for_type(x509.DNSName))
-    uris = tuple(san.get_values_for_type(x509.UniformResourceIdentifier))
-    return ClientIdentity(str(common[0].value) if common else None, dns, uris)
+        dns: tuple[str, ...] = ()
+        uris: tuple[str, ...] = ()
+    else:
+        dns = tuple(san.get_values_for_type(x509.DNSName))
+        uris = tuple(san.get_values_for_type(x509.UniformResourceIdentifier))
+    common_name = str(common[0].value) if common else None
+    return ClientIdentity(common_name, dns, uris, cert.not_valid_after_utc)
 
 
 class ClientAllowList:
     """Client identities allowed to call the provider: ``dns:NAME``, ``uri:URI``, ``cn:NAME``."""
 
-    def __init__(self, allowed: Iterable[str]) -> None:
+    def __init__(
+        self,
+        allowed: Iterable[str],
+        *,
+        on_new_certificate: Callable[[ClientIdentity], None] | None = None,
+    ) -> None:
         self._allowed = frozenset(allowed)
         # a client certificate -> whether it is allowed, and whose it is
         self._seen: dict[bytes, tuple[bool, ClientIdentity]] = {}
+        # Told of each certificate the first time a client presents it (its expiry is watched:
+        # CA reads its certificate only at start, and keeps presenting a renewed one's
+        # predecessor until it restarts).
+        self._on_new_certificate = on_new_certificate
 
     def __bool__(self) -> bool:
         return bool(self._allowed)
@@ -300,6 +313,8 @@ class ClientAllowList:
         if seen is None:
             identity = client_identity(pem)
             seen = bool(self._allowed.intersection(identity.names())), identity
+            if seen[0] and self._on_new_certificate is not None:
+                self._on_new_certificate(identity)
             if len(self._seen) > 64:  # noqa: PLR2004 - a handful of clients at most
                 self._seen.clear()
             self._seen[pem] = seen

@@ -720,8 +720,17 @@ def test_monitoring_objects_come_from_the_shipped_files(rendered, chart):
     ]
     assert picked == ["osas-metrics"]
     rule = find(objects, "PrometheusRule")
-    shipped = yaml.safe_load((chart / "files" / "prometheus-rules.yaml").read_text())
+    # The chart's own clientRenewBefore (2160h) in place of the file's placeholder.
+    text = (chart / "files" / "prometheus-rules.yaml").read_text()
+    assert "CLIENT_RENEW_BEFORE_SECONDS" in text
+    shipped = yaml.safe_load(text.replace("CLIENT_RENEW_BEFORE_SECONDS", str(2160 * 3600)))
     assert rule["spec"]["groups"] == shipped["groups"]
+    (renewal,) = [
+        r
+        for r in rule["spec"]["groups"][0]["rules"]
+        if r["alert"] == "OsasClientCertificateRenewedNotUsed"
+    ]
+    assert renewal["expr"].endswith("- time() < 7776000")
     dashboard = find(objects, "ConfigMap", "osas-dashboard")
     assert dashboard["metadata"]["namespace"] == "monitoring"
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
@@ -729,6 +738,32 @@ def test_monitoring_objects_come_from_the_shipped_files(rendered, chart):
         dashboard["data"]["osas.json"].strip()
         == (chart / "files" / "grafana-dashboard.json").read_text().strip()
     )
+
+
+@pytest.mark.parametrize(
+    ("tls", "seconds"),
+    [
+        pytest.param({"certManager": {"clientRenewBefore": "1h30m"}}, 5400, id="1h30m"),
+        pytest.param({"certManager": {"clientRenewBefore": "720h"}}, 2592000, id="720h"),
+        pytest.param({"certManager": {"clientRenewBefore": "90.5s"}}, 90, id="fraction"),
+        # The client certificate is not the chart's: its schedule unknown, 30 days.
+        pytest.param(
+            {"certManager": {"enabled": False}, "existingSecret": "s", "clientSecret": "c"},
+            2592000,
+            id="no-cert-manager",
+        ),
+    ],
+)
+def test_the_client_certificate_alert_follows_the_renewal_schedule(chart, tls, seconds):
+    values = {"metrics": {"prometheusRule": {"enabled": True}}, "tls": tls}
+    files = render_files(chart, values, name="osas", namespace="kube-system")
+    rule = find(documents(files), "PrometheusRule")
+    (renewal,) = [
+        r
+        for r in rule["spec"]["groups"][0]["rules"]
+        if r["alert"] == "OsasClientCertificateRenewedNotUsed"
+    ]
+    assert renewal["expr"].endswith(f"- time() < {seconds}")
 
 
 def test_user_data_secrets_are_mounted_as_directories(rendered, tmp_path):

@@ -410,3 +410,30 @@ the pod at its start (with Recreate, an upgrade would take osas down). */}}
 {{- $_ := set $seen $group.id true }}
 {{- end }}
 {{- end }}
+
+{{/*
+Seconds in a Go duration as cert-manager takes them ("2160h", "1h30m", "90s"): the alert on
+CA's client certificate compares with clientRenewBefore.
+*/}}
+{{- define "osas.durationSeconds" -}}
+{{- $total := 0.0 -}}
+{{- range regexFindAll "[0-9]+(\\.[0-9]+)?(ms|h|m|s)" . -1 -}}
+{{- $number := regexFind "^[0-9]+(\\.[0-9]+)?" . | float64 -}}
+{{- $unit := regexReplaceAll "^[0-9]+(\\.[0-9]+)?" . "" -}}
+{{- $total = addf $total (mulf $number (get (dict "h" 3600.0 "m" 60.0 "s" 1.0 "ms" 0.001) $unit)) -}}
+{{- end -}}
+{{- printf "%.0f" $total -}}
+{{- end -}}
+
+{{/*
+How long before its end CA's client certificate is renewed, in seconds: cert-manager's
+clientRenewBefore; 30 days for a certificate the chart does not make (its schedule is not
+known here).
+*/}}
+{{- define "osas.clientRenewBeforeSeconds" -}}
+{{- if .Values.tls.certManager.enabled -}}
+{{- include "osas.durationSeconds" .Values.tls.certManager.clientRenewBefore -}}
+{{- else -}}
+2592000
+{{- end -}}
+{{- end -}}
