@@ -618,7 +618,10 @@ STATUS_SCREENS: dict[str, tuple[str, ...]] = {
             r"^configuration reload REJECTED \d+[smh] ago \(\S+\); the configuration loaded "
             r"before stays in force:$"
         ),
-        r"^  \S+: node_groups\[0\]\(workers\): min_size \d+ is greater than max_size \d+$",
+        (
+            r"^  \S+: node_groups\[0\]\(workers\): min_size \d+ is greater than max_size \d+ "
+            r"\(line \d+\)$"
+        ),
     ),
 }
 

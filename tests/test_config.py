@@ -7,6 +7,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,10 @@ def problems(path: Path) -> list[str]:
     with pytest.raises(ConfigError) as caught:
         load_config(path)
     return str(caught.value).splitlines()
+
+
+# How a value that is not a name (cluster_name, a node group id) is refused.
+NAME = "is not a name of lowercase letters, digits and '-'"
 
 
 def expect_problem(tmp_path: Path, data: dict[str, Any], where: str, *reasons: str) -> str:
@@ -147,12 +152,12 @@ def test_a_duplicate_id_set_from_the_environment_is_located_without_lines(tmp_pa
 @pytest.mark.parametrize(
     ("bad", "reason"),
     [
-        ("Workers", "should match pattern"),
-        ("my_group", "should match pattern"),
-        ("pool/a", "should match pattern"),
-        ("-pool", "should match pattern"),
-        ("pool-", "should match pattern"),
-        ("", "should match pattern"),
+        ("Workers", "'Workers' " + NAME),
+        ("my_group", "'my_group' " + NAME),
+        ("pool/a", "'pool/a' " + NAME),
+        ("-pool", "'-pool' " + NAME),
+        ("pool-", "'pool-' " + NAME),
+        ("", "'' " + NAME),
         ("a" * 41, "at most 40 characters"),
     ],
 )
@@ -167,9 +172,9 @@ def test_node_group_id_of_40_characters_is_allowed(tmp_path):
 @pytest.mark.parametrize(
     ("bad", "reason"),
     [
-        ("Prod", "should match pattern"),
-        ("prod_1", "should match pattern"),
-        ("prod.eu", "should match pattern"),
+        ("Prod", NAME),
+        ("prod_1", NAME),
+        ("prod.eu", NAME),
         ("c" * 41, "at most 40 characters"),
     ],
 )
@@ -187,7 +192,8 @@ def test_bad_cluster_name(tmp_path, bad, reason):
 def test_missing_required_top_level_key(tmp_path, key, where):
     data = config_data()
     del data[key]
-    expect_problem(tmp_path, data, where, "Field required")
+    line = expect_problem(tmp_path, data, where, "required, and not given")
+    assert not line.endswith(")")  # the top level: no block to point at
 
 
 def test_node_groups_empty_list(tmp_path):
@@ -199,7 +205,11 @@ def test_missing_required_node_group_key(tmp_path, key):
     data = config_data()
     del data["node_groups"][0][key]
     label = "node_groups[0]" if key == "id" else WORKERS
-    expect_problem(tmp_path, data, f"{label}.{key}", "Field required")
+    line = expect_problem(tmp_path, data, f"{label}.{key}", "required, and not given")
+    # The line the group lacking it starts on.
+    number = int(re.search(r" \(in the block at line (\d+)\)$", line)[1])  # type: ignore[index]
+    text = write_config(tmp_path, data).read_text().splitlines()
+    assert text[number - 1].lstrip().startswith("- "), (number, text)
 
 
 @pytest.mark.parametrize(("key", "value"), [("flavor", ""), ("image", ""), ("networks", [])])
@@ -211,29 +221,38 @@ def test_empty_required_node_group_value(tmp_path, key, value):
 
 
 @pytest.mark.parametrize(
-    ("path", "where"),
+    ("path", "where", "meant"),
     [
-        (("clustername",), "clustername"),
-        (("node_groups", 0, "flavour"), f"{WORKERS}.flavour"),
-        (("node_groups", 1, "gpu", "typ"), f"{GPU}.gpu.typ"),
+        (("clustername",), "clustername", "cluster_name"),
+        (("node_groups", 0, "flavour"), f"{WORKERS}.flavour", "flavor"),
+        (("node_groups", 1, "gpu", "typ"), f"{GPU}.gpu.typ", "type"),
         (
             ("node_groups", 1, "options", "scale_down_unneded_time"),
             f"{GPU}.options.scale_down_unneded_time",
+            "scale_down_unneeded_time",
         ),
-        (("node_groups", 1, "taints", 0, "efect"), f"{GPU}.taints[0].efect"),
-        (("reconcile", "intervall"), "reconcile.intervall"),
-        (("queue", "worker"), "queue.worker"),
-        (("openstack", "regoin_name"), "openstack.regoin_name"),
+        (("node_groups", 1, "taints", 0, "efect"), f"{GPU}.taints[0].efect", "effect"),
+        (("reconcile", "intervall"), "reconcile.intervall", "interval"),
+        (("queue", "worker"), "queue.worker", "workers"),
+        (("openstack", "regoin_name"), "openstack.regoin_name", "region_name"),
     ],
 )
-def test_unknown_key(tmp_path, path, where):
+def test_unknown_key(tmp_path, path, where, meant):
+    """The key meant is named, and where the file gives the one written."""
     data = config_data()
     data.setdefault("openstack", {})
     node: Any = data
     for step in path[:-1]:
         node = node[step]
     node[path[-1]] = "oops"
-    expect_problem(tmp_path, data, where, "Extra inputs are not permitted")
+    line = expect_problem(tmp_path, data, where, "not a key osas knows here")
+    assert re.search(rf"; did you mean {meant}\? \(line \d+\)$", line), line
+
+
+def test_unknown_key_far_from_any_lists_the_keys_of_its_block(tmp_path):
+    data = config_data(queue={"capacity": 50, "workers": 2, "zzz": 1})
+    line = expect_problem(tmp_path, data, "queue.zzz", "not a key osas knows here")
+    assert "(the keys here: capacity, workers)" in line
 
 
 def test_unknown_key_in_openstack_auth_block(tmp_path):
@@ -262,7 +281,9 @@ def test_neither_tls_nor_insecure(tmp_path):
 @pytest.mark.parametrize("key", ["cert_file", "key_file", "client_ca_file"])
 def test_tls_block_missing_a_file(tmp_path, key):
     tls = {k: v for k, v in TLS.items() if k != key}
-    expect_problem(tmp_path, config_data(insecure=False, tls=tls), f"tls.{key}", "Field required")
+    expect_problem(
+        tmp_path, config_data(insecure=False, tls=tls), f"tls.{key}", "required, and not given"
+    )
 
 
 def test_listen_equal_to_health_listen(tmp_path):
@@ -282,7 +303,12 @@ def test_listen_and_health_listen_may_both_use_port_zero(tmp_path):
     "bad", ["8086", "127.0.0.1", "127.0.0.1:", "http://host:80", "a b:80", "host:123456"]
 )
 def test_bad_listen_address(tmp_path, key, bad):
-    expect_problem(tmp_path, config_data(**{key: bad}), key, "should match pattern")
+    expect_problem(
+        tmp_path,
+        config_data(**{key: bad}),
+        key,
+        f"{bad!r} is not HOST:PORT (for example 127.0.0.1:8086, 0.0.0.0:8086 or [::]:8086)",
+    )
 
 
 @pytest.mark.parametrize("good", ["0.0.0.0:8086", "[::]:8086", "localhost:8086", "10.0.0.1:1"])
@@ -313,7 +339,10 @@ def test_tls_may_listen_anywhere(tmp_path):
 def test_allowed_clients_name_their_kind(tmp_path, bad):
     tls = {"cert_file": "c", "key_file": "k", "client_ca_file": "ca", "allowed_clients": [bad]}
     expect_problem(
-        tmp_path, config_data(insecure=False, tls=tls), "tls.allowed_clients[0]", "pattern"
+        tmp_path,
+        config_data(insecure=False, tls=tls),
+        "tls.allowed_clients[0]",
+        f"{bad!r} is not dns:NAME, uri:URI or cn:NAME",
     )
 
 
@@ -625,8 +654,8 @@ def test_empty_file_reports_the_required_keys(tmp_path):
     path = tmp_path / "osas.yaml"
     path.write_text("", encoding="utf-8")
     assert problems(path) == [
-        f"{path}: cluster_name: Field required",
-        f"{path}: node_groups: Field required",
+        f"{path}: cluster_name: required, and not given",
+        f"{path}: node_groups: required, and not given",
     ]
 
 
@@ -808,9 +837,9 @@ def test_several_problems_reported_together(tmp_path):
     path = write_config(tmp_path, data)
     lines = problems(path)
     expected = [
-        ("cluster_name", "should match pattern"),
+        ("cluster_name", NAME),
         ("queue.capacity", "greater than or equal to 1"),
-        (f"{WORKERS}.flavour", "Extra inputs are not permitted"),
+        (f"{WORKERS}.flavour", "not a key osas knows here; did you mean flavor?"),
         (f"{GPU}.gpu.count", "greater than or equal to 1"),
         (f"{GPU}.options.scale_down_unneeded_time", "not a duration"),
     ]
@@ -851,8 +880,12 @@ def test_env_supplies_a_key_missing_from_the_file(tmp_path, monkeypatch):
     ("env", "where", "reason"),
     [
         (("OSAS_QUEUE__WORKERS", "0"), "queue.workers", "greater than or equal to 1"),
-        (("OSAS_QUEUE__CAPACITYY", "7"), "queue.capacityy", "Extra inputs are not permitted"),
-        (("OSAS_CLUSTER_NAME", "Bad_Name"), "cluster_name", "should match pattern"),
+        (
+            ("OSAS_QUEUE__CAPACITYY", "7"),
+            "queue.capacityy",
+            "did you mean capacity? (from OSAS_QUEUE__CAPACITYY)",
+        ),
+        (("OSAS_CLUSTER_NAME", "Bad_Name"), "cluster_name", NAME),
         (("OSAS_INSECURE", "false"), "(top level)", "'tls' is required"),
     ],
 )
@@ -1134,7 +1167,7 @@ def test_cli_serve_reads_osas_config_variable(
     path = write_config(tmp_path, config_data(cluster_name="Bad_Name"))
     monkeypatch.setenv("OSAS_CONFIG", str(path))
     assert osas.cli.main(["serve"]) == 2
-    assert f"{path}: cluster_name: String should match pattern" in capsys.readouterr().err
+    assert f"{path}: cluster_name: 'Bad_Name' is not a name of" in capsys.readouterr().err
     assert no_start == []
 
 

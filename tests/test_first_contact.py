@@ -365,3 +365,62 @@ def status_until(url: str, holds: Callable[[dict], bool], timeout: float = 30) -
         assert time.monotonic() < deadline, status
         time.sleep(0.05)
     return status
+
+
+# -- configuration errors in the file's words ----------------------------------------------------
+
+
+def test_configuration_errors_name_the_line_the_key_meant_and_the_form(tmp_path):
+    (tmp_path / "osas.yaml").write_text(
+        "cluster_name: c\n"
+        "insecure: true\n"
+        "listen: 127.0.0.1:8086\n"
+        "node_grops: []\n"
+        "node_groups:\n"
+        "- id: workers\n"
+        "  min_size: 0\n"
+        "  max_size: 3\n"
+        "  image: ubuntu\n"
+        "  networks: [net]\n"
+    )
+    result = run_osas(
+        "check-config", "--config", "osas.yaml", env=environment(OSAS_LISTEN="8086"), cwd=tmp_path
+    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "osas check-config: configuration error:",
+        (
+            "osas.yaml: listen: '8086' is not HOST:PORT (for example 127.0.0.1:8086, 0.0.0.0:8086 "
+            "or [::]:8086) (from OSAS_LISTEN)"
+        ),
+        (
+            "osas.yaml: node_groups[0](workers).flavor: required, and not given (in the block at "
+            "line 6)"
+        ),
+        "osas.yaml: node_grops: not a key osas knows here; did you mean node_groups? (line 4)",
+    ]
+
+
+def test_a_relative_path_says_it_is_read_from_the_working_directory(tmp_path):
+    data = config_data()
+    data["node_groups"][0].pop("user_data")
+    data["node_groups"][0]["user_data_file"] = "bootstrap/user-data"
+    write_config(tmp_path, data)
+    result = run_osas("check-config", "--config", "osas.yaml", env=environment(), cwd=tmp_path)
+    assert result.returncode == 2
+    assert last_line(result) == (
+        "osas check-config: configuration error: osas.yaml: node_groups[0](workers)."
+        "user_data_file: bootstrap/user-data does not exist (a relative path: read from the "
+        f"working directory, {tmp_path})"
+    )
+    data = config_data(
+        insecure=False,
+        tls={"cert_file": "tls.crt", "key_file": "tls.key", "client_ca_file": "ca.crt"},
+    )
+    write_config(tmp_path, data)
+    result = run_osas("check-config", "--config", "osas.yaml", env=environment(), cwd=tmp_path)
+    assert result.returncode == 4
+    assert (
+        "tls: cannot read tls.crt: No such file or directory (a relative path: read from the "
+        f"working directory, {tmp_path})"
+    ) in last_line(result)

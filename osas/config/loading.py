@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsError
 
 from osas.config.schema import ENV_PREFIX, KeyClash, OsasConfig
+from osas.config.wording import reason
 from osas.engine.userdata import SecretFiles, UserDataError
 
 CONFIG_ENV = f"{ENV_PREFIX}CONFIG"
@@ -220,12 +221,14 @@ def load_config(path: Path, *, read_files: bool = True) -> OsasConfig:
         problems = []
         for err in exc.errors():
             loc = tuple(err["loc"])
-            reason = err["msg"].removeprefix("Value error, ")
+            why = reason(err)
             clash = err.get("ctx", {}).get("error")
             if isinstance(clash, KeyClash):
                 first, loc = (*loc, *clash.first), (*loc, *clash.key)
-                reason += _clash_lines(loc, first, document)
-            problems.append(f"{path}: {_where(loc, data)}: {reason}{_env_hint(loc)}")
+                why += _clash_lines(loc, first, document) + _env_hint(loc)
+            else:
+                why += _env_hint(loc) or _line_hint(loc, err["type"], document)
+            problems.append(f"{path}: {_where(loc, data)}: {why}")
         raise ConfigError("\n".join(problems)) from exc
     unreadable = _unreadable_user_data(config, data) if read_files else []
     if unreadable:
@@ -240,6 +243,15 @@ def _clash_lines(key: Location, first: Location, document: _Document) -> str:
     if _env_names(key):
         return f" (first at {where})"
     return f" (line {_line(key, document)}; first at {where}, line {_line(first, document)})"
+
+
+def _line_hint(at: Location, kind: str, document: _Document) -> str:
+    """`` (line 12)``, where the file gives the key; for a key it lacks, where the block that
+    lacks it starts."""
+    if kind == "missing":
+        block = at[:-1]
+        return f" (in the block at line {_line(block, document)})" if block else ""
+    return f" (line {_line(at, document)})" if at in document.lines else ""
 
 
 def _line(at: Location, document: _Document) -> int:

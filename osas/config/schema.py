@@ -98,10 +98,13 @@ _SERVER_NAME_SCHEMA: JsonDict = {
     ],
     "type": "string",
 }
-_ADDRESS_RE = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[^\s:\[\]]+):(\d{1,5})$")
+ADDRESS_PATTERN = r"^(\[[0-9a-fA-F:.]+\]|[^\s:\[\]]+):(\d{1,5})$"
+_ADDRESS_RE = re.compile(ADDRESS_PATTERN)
 # The same with the port's range (a validator below says it in words): for the JSON schema.
 _PORT = r"(?:[0-9]{1,4}|[0-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
 _ADDRESS_IN_RANGE = rf"^(\[[0-9a-fA-F:.]+\]|[^\s:\[\]]+):{_PORT}$"
+# A client identity osas may allow: a name in its certificate.
+CLIENT_PATTERN = r"^(dns|uri|cn):\S+$"
 # Nova caps user data at 65535 bytes once base64-encoded, and metadata items at 255 bytes.
 _USER_DATA_MAX = 65535
 _METADATA_ITEM_MAX = 255
@@ -196,7 +199,7 @@ class TlsConfig(_Strict):
     key_file: Path
     client_ca_file: Path
     # Client identities allowed to call: "dns:NAME", "uri:URI" (SANs) or "cn:NAME".
-    allowed_clients: list[Annotated[str, Field(pattern=r"^(dns|uri|cn):\S+$")]] = []
+    allowed_clients: list[Annotated[str, Field(pattern=CLIENT_PATTERN)]] = []
     # The names CA dials (the host of its address): the server certificate must cover each,
     # at start, in check-config and on every rotation.
     server_names: list[str] = Field([], json_schema_extra={"items": _SERVER_NAME_SCHEMA})

@@ -34,6 +34,14 @@ class _Read:
     text: str
 
 
+def relative_note(path: str | Path) -> str:
+    """Where a relative path is read from, said: the working directory, not the folder of the
+    configuration file that names it."""
+    if Path(path).is_absolute():
+        return ""
+    return f" (a relative path: read from the working directory, {Path.cwd()})"
+
+
 class SecretFiles:
     """Small files read at each use and re-read only when they changed. A Secret update swaps
     the ``..data`` symlink behind the mounted path, so what ``stat`` sees through the path (inode,
@@ -46,9 +54,11 @@ class SecretFiles:
         try:
             info = Path(path).stat()
         except FileNotFoundError:
-            raise UserDataError(f"{what}: {path} does not exist") from None
+            raise UserDataError(f"{what}: {path} does not exist{relative_note(path)}") from None
         except OSError as exc:
-            raise UserDataError(f"{what}: {path} cannot be read: {exc.strerror}") from None
+            raise UserDataError(
+                f"{what}: {path} cannot be read: {exc.strerror}{relative_note(path)}"
+            ) from None
         stamp = (info.st_ino, info.st_dev, info.st_size, info.st_mtime_ns)
         cached = self._read.get(path)
         if cached is not None and cached.stamp == stamp:

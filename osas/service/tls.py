@@ -27,6 +27,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import NameOID
 
+from osas.engine.userdata import relative_note
 from osas.service.settings import TlsFiles
 
 logger = structlog.get_logger(__name__)
@@ -168,7 +169,8 @@ def _read(files: TlsFiles) -> _Material:
         key = files.key_file.read_bytes()
         return _Material(key=key, chain=chain, client_ca=files.client_ca_file.read_bytes())
     except OSError as exc:
-        raise CertificateError(f"cannot read {exc.filename}: {exc.strerror}") from None
+        note = "" if exc.filename is None else relative_note(exc.filename)
+        raise CertificateError(f"cannot read {exc.filename}: {exc.strerror}{note}") from None
 
 
 def inspect_files(files: TlsFiles, now: datetime | None = None) -> ServerIdentity:
