@@ -125,7 +125,7 @@ def bench(session: nox.Session) -> None:
     """osas against the bare gRPC limit at scale; writes docs/BENCHMARKS.md (not a default
     session: some 15 minutes on 2 cores, `-- --quick` for a couple)."""
     session.install("-e", ".[bench]")
-    session.run("osas", "bench", *session.posargs)
+    session.run("osas", "bench", "--out", "docs/BENCHMARKS.md", *session.posargs)
 
 
 @nox.session

@@ -603,9 +603,11 @@ STATUS_SCREENS: dict[str, tuple[str, ...]] = {
         ),
         r"^last sync never; 0 full, 0 incremental, \d+ failed$",
         r"^OpenStack FAILING for \d+s \(\d+ in a row\); last error: above$",
+        r"^quota headroom: not read \(not yet, or it cannot be: see the log; ",
     ),
     "a stuck server": (
         r"^cluster \S+",
+        r"^quota headroom: (\S+ no limit, )*\S+ no limit \(MAX is max_size\)$",
         r"^servers needing a person: error 0, build-stuck 1, ",
         (
             r"^  build-stuck \S+/\S+ \(id [0-9a-f-]{36}, \d+[smh] old, for \d+[smh]\): in "

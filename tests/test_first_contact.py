@@ -31,6 +31,7 @@ from support import (
     write_config,
 )
 
+from osas.cli.parser import build_parser
 from osas.cli.status_table import render_status
 from osas.config import load_config
 from osas.service.ops_server import fetch_status
@@ -424,3 +425,36 @@ def test_a_relative_path_says_it_is_read_from_the_working_directory(tmp_path):
         "tls: cannot read tls.crt: No such file or directory (a relative path: read from the "
         f"working directory, {tmp_path})"
     ) in last_line(result)
+
+
+# -- osas certs and osas bench: what they write, and what they leave alone ----------------------
+
+
+def test_certs_say_every_setting_and_keep_what_is_there(tmp_path):
+    out = tmp_path / "certs"
+    first = run_osas(
+        "certs", "--out", str(out), env=environment(OSAS_LISTEN="127.0.0.1:18086"), cwd=tmp_path
+    )
+    assert first.returncode == 0, first.stderr
+    assert "  server_names: [localhost, 127.0.0.1]\n" in first.stdout
+    assert "address: localhost:18086   # from OSAS_LISTEN\n" in first.stdout
+    made = (out / "ca.crt").read_bytes()
+    again = run_osas("certs", "--out", str(out), env=environment(), cwd=tmp_path)
+    assert again.returncode == 6
+    assert last_line(again) == (
+        f"osas certs: {out / 'ca.crt'} and 4 more already exist: osas certs keeps them (a "
+        "running osas or CA may use them); give --force to replace them, or another --out"
+    )
+    assert (out / "ca.crt").read_bytes() == made  # untouched
+    forced = run_osas("certs", "--out", str(out), "--force", env=environment(), cwd=tmp_path)
+    assert forced.returncode == 0, forced.stderr
+    assert "(replacing the ones there)" in forced.stdout
+    assert "address: localhost:8086   # osas serve's default; OSAS_LISTEN moves it\n" in (
+        forced.stdout
+    )
+    assert (out / "ca.crt").read_bytes() != made
+
+
+def test_bench_writes_its_report_in_the_working_directory_by_default():
+    args = build_parser().parse_args(["bench", "--quick"])
+    assert str(args.out) == "BENCHMARKS.md"  # never the repository's docs/BENCHMARKS.md

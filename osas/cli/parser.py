@@ -181,6 +181,12 @@ def _add_certs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=30,
         help="how long they are valid (default: %(default)s)",
     )
+    certs.add_argument(
+        "--force",
+        action="store_true",
+        help="replace certificates already in --out (without it, osas certs keeps them and "
+        "stops: a running osas or CA may use them)",
+    )
 
 
 def _add_status(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -246,8 +252,9 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     bench.add_argument(
         "--out",
         type=Path,
-        default=Path("docs/BENCHMARKS.md"),
-        help="the report to write (default: %(default)s)",
+        default=Path("BENCHMARKS.md"),
+        help="the report to write (default: %(default)s, in the working directory; the "
+        "repository's own is docs/BENCHMARKS.md, which nox -s bench writes)",
     )
     bench.add_argument(
         "--compare-with",

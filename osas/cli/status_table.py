@@ -134,16 +134,27 @@ def _problem_lines(status: dict[str, Any], shown: int) -> list[str]:
 
 
 def _quota_line(groups: list[dict[str, Any]]) -> str:
-    """How many more servers of each group the project's quota holds, and what bounds it."""
-    parts = []
+    """How many more servers of each group the project's quota holds, and what bounds it; or
+    that the quota has not been read (yet, or it cannot be), or sets no limit."""
+    bounded, unlimited, unread = [], [], []
     for group in groups:
         room = group.get("quota_headroom")
-        if room is None or room.get("servers") is None:
-            continue
-        parts.append(f"{group['id']} {room['servers']} more ({room.get('limited_by') or '?'})")
-    if not parts:
-        return "quota headroom: not read, or no limit (MAX is max_size)"
-    return "quota headroom: " + ", ".join(parts) + " (MAX is bounded by it)"
+        if room is None:
+            unread.append(group["id"])
+        elif room.get("servers") is None:
+            unlimited.append(group["id"])
+        else:
+            limit = room.get("limited_by") or "?"
+            bounded.append(f"{group['id']} {room['servers']} more ({limit})")
+    if not bounded and not unlimited:
+        return (
+            "quota headroom: not read (not yet, or it cannot be: see the log; "
+            "reconcile.quota_interval 0s never reads it); MAX is max_size"
+        )
+    parts = bounded + [f"{group_id} no limit" for group_id in unlimited]
+    parts += [f"{group_id} not read" for group_id in unread]
+    bound = "MAX is bounded by it" if bounded else "MAX is max_size"
+    return "quota headroom: " + ", ".join(parts) + f" ({bound})"
 
 
 def _group_problem_lines(status: dict[str, Any]) -> list[str]:

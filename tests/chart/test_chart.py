@@ -962,6 +962,23 @@ def test_the_notes_show_where_to_see_the_writer(rendered):
     files, _ = rendered["custom-lease"]
     assert "kubectl -n osas-system get lease scaler-lease" in notes(files)
     assert "kubectl -n kube-system get endpointslice osas-leader" in notes(files)
+    # What helm uninstall leaves, as osas made it: how to delete it.
+    assert "kubectl -n osas-system delete lease scaler-lease" in notes(files)
+    assert "kubectl -n kube-system delete endpointslice osas-leader" in notes(files)
+
+
+def test_the_install_page_deletes_on_uninstall_what_osas_made_itself(rendered):
+    """What helm uninstall leaves (osas makes the Lease and the EndpointSlice, Helm does not
+    know them) is deleted by docs/install.md's uninstall, as the chart's notes name it."""
+    files, objects = rendered["defaults"]
+    cluster = osas_config(objects)["cluster_name"]
+    assert f"kubectl -n kube-system delete lease osas-{cluster}\n" in notes(files)
+    page = (CHART.parent.parent / "docs" / "install.md").read_text()
+    section = page.split("## Uninstall")[1].split("\n## ")[0]
+    assert "kubectl -n kube-system delete lease osas-<cluster_name>" in section
+    assert "kubectl -n kube-system delete endpointslice osas-leader" in section
+    # The plain manifests name the Lease osas.
+    assert "kubectl -n kube-system delete lease osas endpointslice osas-leader" in page
 
 
 # -- what the chart refuses ---------------------------------------------------------------------

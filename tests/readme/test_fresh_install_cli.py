@@ -146,6 +146,16 @@ def missing_tls_files(cwd: Path) -> Callable[[], None]:
     return lambda: None
 
 
+def certificates_in(name: str) -> Callable[[Path], Callable[[], None]]:
+    def setup(cwd: Path) -> Callable[[], None]:
+        (cwd / name).mkdir()
+        for file in ("ca.crt", "tls.crt", "tls.key", "client.crt", "client.key"):
+            (cwd / name / file).write_text("made by an earlier run\n")
+        return lambda: None
+
+    return setup
+
+
 def nothing(cwd: Path) -> Callable[[], None]:
     (cwd / "osas.yaml").write_text("cluster_name: c\n")
     return lambda: None
@@ -163,6 +173,7 @@ CASES: dict[str, Callable[[Path], Callable[[], None]]] = {
     "osas status --url 127.0.0.1:8088": nothing,
     "osas status --url http://127.0.0.1:9": nothing,
     "osas certs --out certs": a_file_named("certs"),
+    "osas certs --out made": certificates_in("made"),
     "osas certs --out certs --days 0": nothing,
     "osas sim --port 8774": busy_port,
     "osas sim --port 0 --clouds-yaml clouds.yaml": a_list_in("clouds.yaml"),
