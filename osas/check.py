@@ -44,6 +44,9 @@ EXIT_TLS = 4
 # Each request check-config sends to OpenStack waits at most this long, and is sent once: a
 # Keystone that accepts connections and never answers costs two of them (discovery, token).
 CHECK_REQUEST_TIMEOUT = 5.0
+# While the cloud's check has no answer, a line after this long, then this often.
+CHECK_FIRST_PROGRESS = 3.0
+CHECK_PROGRESS_EVERY = 5.0
 
 
 class Report:
@@ -56,6 +59,11 @@ class Report:
 
     def write(self, text: str) -> None:
         self._out.write(text)
+
+    def progress(self, text: str) -> None:
+        """A line of what is going on, shown at once (stdout may be a pipe)."""
+        self._out.write(text)
+        self._out.flush()
 
     def problem(self, section: str, text: str) -> None:
         """One problem: a ``PROBLEM`` line in the output, and kept for the summary."""
@@ -117,7 +125,7 @@ async def check_cloud(config: OsasConfig, cloud: Cloud, out: Report, *, wait: fl
     not, 3 when the cloud cannot be used at all."""
     groups = config.cluster_spec().node_groups
     try:
-        described = await reach_cloud(cloud, wait)
+        described = await _reach_saying_so(cloud, out, wait)
         rows: list[tuple[str, Reference]] = []
         for spec in groups:
             rows += [(spec.group_id, ref) for ref in await cloud.resolve(spec)]
@@ -148,6 +156,38 @@ async def check_cloud(config: OsasConfig, cloud: Cloud, out: Report, *, wait: fl
     )
     out.write(f"\n{len(missing)} problem(s)\n" if missing else "\nall resources found\n")
     return EXIT_FAILED if missing else EXIT_OK
+
+
+async def _reach_saying_so(cloud: Cloud, out: Report, wait: float) -> str:
+    """``reach_cloud``, with a line now and then while no answer comes."""
+    failure: CloudError | None = None
+    described = ""
+    async with anyio.create_task_group() as waiting:
+        waiting.start_soon(_say_while_waiting, cloud, out)
+        try:
+            described = await reach_cloud(cloud, wait)
+        except CloudError as exc:
+            failure = exc  # raised as itself below, not inside the task group's exception group
+        waiting.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+    return described
+
+
+async def _say_while_waiting(cloud: Cloud, out: Report) -> None:
+    """A line while OpenStack has not answered the cloud's check: a cloud that accepts
+    connections and never answers would otherwise leave the screen blank until the timeouts."""
+    began = time.monotonic()
+    await anyio.sleep(CHECK_FIRST_PROGRESS)
+    while True:
+        retrying = cloud.retrying()
+        out.progress(
+            f"cloud: waiting {time.monotonic() - began:.0f}s for OpenStack's answer to the "
+            "cloud's check (a Keystone token, Nova's versions): "
+            + (retrying or f"no answer yet; each request waits up to {CHECK_REQUEST_TIMEOUT:g}s")
+            + "\n"
+        )
+        await anyio.sleep(CHECK_PROGRESS_EVERY)
 
 
 async def _headroom_rows(

@@ -12,6 +12,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -458,3 +459,32 @@ def test_certs_say_every_setting_and_keep_what_is_there(tmp_path):
 def test_bench_writes_its_report_in_the_working_directory_by_default():
     args = build_parser().parse_args(["bench", "--quick"])
     assert str(args.out) == "BENCHMARKS.md"  # never the repository's docs/BENCHMARKS.md
+
+
+def test_check_config_says_what_it_waits_for_while_the_cloud_does_not_answer(sim, tmp_path):
+    """Its rows come as they are checked: against a Keystone that never answers, a line says
+    so within seconds, long before the requests time out."""
+    with silent_identity() as url:
+        auth = {**sim.clouds_yaml_entry()["auth"], "auth_url": url}
+        config = write_config(tmp_path, config_data(openstack={"auth": auth}))
+        started = time.monotonic()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "osas", "check-config", "--config", str(config)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environment(),
+        )
+        try:
+            assert process.stdout is not None
+            while not (line := process.stdout.readline()).startswith("cloud: waiting"):
+                assert line, "check-config ended without saying it waited"
+            assert time.monotonic() - started < SAID_WITHIN
+            assert re.match(
+                r"cloud: waiting \d+s for OpenStack's answer to the cloud's check \(a Keystone "
+                r"token, Nova's versions\): no answer yet; each request waits up to 5s$",
+                line.rstrip("\n"),
+            ), line
+        finally:
+            process.kill()
+            process.communicate()
