@@ -488,3 +488,13 @@ def test_check_config_says_what_it_waits_for_while_the_cloud_does_not_answer(sim
         finally:
             process.kill()
             process.communicate()
+
+
+def test_bench_refuses_at_once_to_rewrite_sections_of_a_report_that_is_not_there(tmp_path):
+    result = run_osas("bench", "--sizes-only", env=environment(), cwd=tmp_path)
+    assert result.returncode == 2
+    assert last_line(result) == (
+        "osas bench: --sizes-only rewrites the sections of an existing report, and "
+        "BENCHMARKS.md is none; give --out docs/BENCHMARKS.md (the repository's) or run "
+        "without --sizes-only"
+    )

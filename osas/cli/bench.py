@@ -13,6 +13,13 @@ _BENCH_EXTRA = frozenset({"trustme", "pyinstrument"})
 
 def run(args: argparse.Namespace) -> int:
     writable_folder(args.out.parent, args.out.name)
+    if args.sizes_only and not args.out.is_file():
+        # Refused now, not after the half hour of measuring: it rewrites sections of a report.
+        raise CommandError(
+            f"--sizes-only rewrites the sections of an existing report, and {args.out} is none; "
+            "give --out docs/BENCHMARKS.md (the repository's) or run without --sizes-only",
+            EXIT_CONFIG,
+        )
     if args.compare_with is not None and not (args.compare_with / "osas" / "__main__.py").is_file():
         raise CommandError(f"{args.compare_with} is not a checkout of osas", EXIT_CONFIG)
     try:

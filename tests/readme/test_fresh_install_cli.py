@@ -180,6 +180,7 @@ CASES: dict[str, Callable[[Path], Callable[[], None]]] = {
     "osas sim --port 70000": nothing,
     "osas bench --quick": nothing,
     "osas bench --out report/BENCHMARKS.md": a_file_named("report"),
+    "osas bench --sizes-only": nothing,
     "osas bench --compare-with elsewhere": nothing,
     "osas serv": nothing,
     "osas status --url http://127.0.0.1:9 --wait 60": nothing,  # then Ctrl-C
