@@ -17,7 +17,7 @@ import anyio
 
 from osas.app import join_tokens_for
 from osas.cloud.errors import CloudError
-from osas.cloud.port import Cloud, Reference
+from osas.cloud.port import VERIFY_WAITS_FOR, Cloud, Reference
 from osas.config import ConfigError, OsasConfig
 from osas.domain.quota import QuotaBook
 from osas.domain.servers import Flavor
@@ -182,8 +182,8 @@ async def _say_while_waiting(cloud: Cloud, out: Report) -> None:
     while True:
         retrying = cloud.retrying()
         out.progress(
-            f"cloud: waiting {time.monotonic() - began:.0f}s for OpenStack's answer to the "
-            "cloud's check (a Keystone token, Nova's versions): "
+            f"cloud: waiting {time.monotonic() - began:.0f}s for OpenStack's answer to "
+            f"{VERIFY_WAITS_FOR}: "
             + (retrying or f"no answer yet; each request waits up to {CHECK_REQUEST_TIMEOUT:g}s")
             + "\n"
         )

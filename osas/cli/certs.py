@@ -8,10 +8,10 @@ import sys
 
 from osas.cli.exit_codes import EXIT_OUTPUT, CommandError
 from osas.cli.folders import writable_folder
+from osas.config.schema import ENV_PREFIX, OsasConfig
 
-# Where CA dials osas when OSAS_LISTEN does not move it: serve's default listen port.
-_DEFAULT_PORT = "8086"
-_LISTEN_ENV = "OSAS_LISTEN"
+# The variable that moves serve's listen address, as serve reads it.
+_LISTEN_ENV = f"{ENV_PREFIX}LISTEN"
 
 
 def _port() -> tuple[str, str]:
@@ -21,7 +21,8 @@ def _port() -> tuple[str, str]:
     _, colon, port = listen.rpartition(":")
     if colon and port.isdigit():
         return port, f"from {_LISTEN_ENV}"
-    return _DEFAULT_PORT, f"osas serve's default; {_LISTEN_ENV} moves it"
+    default = str(OsasConfig.model_fields["listen"].default).rpartition(":")[2]
+    return default, f"osas serve's default; {_LISTEN_ENV} moves it"
 
 
 def run(args: argparse.Namespace) -> int:

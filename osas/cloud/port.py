@@ -58,6 +58,10 @@ class Reference:
         return self.resource_id is not None
 
 
+# What ``Cloud.verify`` waits for, as osas says it while no answer comes.
+VERIFY_WAITS_FOR = "the cloud's check (a Keystone token, Nova's versions)"
+
+
 class Cloud(Protocol):
     """The cloud as osas sees it. Every method may raise ``osas.cloud.errors.CloudError``."""
 

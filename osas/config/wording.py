@@ -47,7 +47,7 @@ def reason(err: ErrorDetails) -> str:
 
 def _unknown_key(loc: Location) -> str:
     written = str(loc[-1]) if loc else ""
-    known = keys_at(loc[:-1])
+    known = _keys_at(loc[:-1])
     if not known:
         return "not a key osas knows here"
     close = difflib.get_close_matches(written, known, n=1, cutoff=0.6)
@@ -58,7 +58,7 @@ def _unknown_key(loc: Location) -> str:
     return "not a key osas knows here (docs/configuration.md lists them)"
 
 
-def keys_at(loc: Location) -> list[str]:
+def _keys_at(loc: Location) -> list[str]:
     """The keys the file may give at ``loc`` (a mapping of the configuration), as the file
     writes them; none when ``loc`` is not such a mapping."""
     model = _model_at(loc)

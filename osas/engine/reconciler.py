@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Container, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Container, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
@@ -29,7 +30,7 @@ import anyio.lowlevel
 import structlog
 
 from osas.cloud.errors import CloudError, CredentialsRefused
-from osas.cloud.port import Cloud, ServerListing
+from osas.cloud.port import VERIFY_WAITS_FOR, Cloud, ServerListing
 from osas.domain.inventory import Inventory
 from osas.domain.ledger import Orders
 from osas.domain.problems import JoinWatch, ProblemSettings, ProblemWatch
@@ -245,16 +246,10 @@ class Reconciler:
         generation = self._ledger.begin_sync()
         begun = time.perf_counter()
         self._went_back = False
-        self._waiting("a complete listing of the servers" if full else "a listing of changes")
-        try:
+        with self._attempt(
+            "a complete listing of the servers" if full else "a listing of changes", full=full
+        ):
             orders = await self._list(generation, full=full)
-        except CloudError as exc:
-            self._failed(exc)
-            if self._metrics is not None:
-                self._metrics.record_sync(full=full, seconds=None)
-            raise
-        finally:
-            self.status.waiting_for = self.status.waiting_since = None
         if self.status.credentials_refused is not None:
             logger.info("OpenStack accepts osas's credentials again")
             self.status.credentials_refused = None
@@ -325,24 +320,28 @@ class Reconciler:
     async def verify_cloud(self) -> str:
         """The cloud checked before the first sync (``Cloud.verify``); its failure counts as
         a failed sync, so that /status and the metrics show why the first one is not done."""
-        self._waiting("the cloud's check (a Keystone token, Nova's versions)")
-        try:
+        with self._attempt(VERIFY_WAITS_FOR, full=True):
             return await self._cloud.verify()
-        except CloudError as exc:
-            self._failed(exc)
-            if self._metrics is not None:
-                self._metrics.record_sync(full=True, seconds=None)
-            raise
-        finally:
-            self.status.waiting_for = self.status.waiting_since = None
 
     def retrying(self) -> str | None:
         """Why the sync in progress is trying a request again, while it is (its failure comes
         only once every try has failed)."""
         return self._cloud.retrying() if self.status.waiting_for is not None else None
 
-    def _waiting(self, what: str) -> None:
+    @contextmanager
+    def _attempt(self, what: str, *, full: bool) -> Iterator[None]:
+        """A sync's request to OpenStack: shown as awaited (``what``, since now) while it is in
+        progress, and counted as a failed sync when it fails."""
         self.status.waiting_for, self.status.waiting_since = what, self._clock()
+        try:
+            yield
+        except CloudError as exc:
+            self._failed(exc)
+            if self._metrics is not None:
+                self._metrics.record_sync(full=full, seconds=None)
+            raise
+        finally:
+            self.status.waiting_for = self.status.waiting_since = None
 
     def _failed(self, exc: CloudError) -> None:
         status = self.status
