@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import socket
 import subprocess
@@ -121,6 +122,21 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without OpenStack's or osas's variables, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OS_", "OSAS_", "GRPC_"))}
+    env.update(extra)
+    return env
+
+
+@contextlib.contextmanager
+def never_answering(path: str = "") -> Iterator[str]:
+    """A URL on 127.0.0.1 that accepts connections and never answers (a Keystone behind a dead
+    proxy): the kernel completes the handshakes of a listening socket nobody reads."""
+    with socket.create_server(("127.0.0.1", 0), backlog=64) as listener:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}{path}"
 
 
 def run_osas(

@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -24,10 +21,12 @@ from support import (
     Provider,
     ServedOsas,
     ca_client,
+    clean_env,
     cloud_for,
     config_data,
     config_on,
     free_port,
+    never_answering,
     run_osas,
     write_config,
 )
@@ -41,40 +40,8 @@ from osas.service.ops_server import fetch_status
 SAID_WITHIN = 10.0
 
 
-def environment(**extra: str) -> dict[str, str]:
-    kept = {k: v for k, v in os.environ.items() if not k.startswith(("OS_", "OSAS_"))}
-    return {**kept, **extra}
-
-
 def osas(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return run_osas(*args, env=environment(), cwd=cwd)
-
-
-@contextlib.contextmanager
-def silent_identity() -> Iterator[str]:
-    """An identity endpoint that accepts connections, reads the requests and never answers
-    (a Keystone behind a dead proxy): its auth_url."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.settimeout(0.2)
-    stop = threading.Event()
-    held: list[socket.socket] = []
-
-    def accept() -> None:
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError, OSError):
-                connection, _ = listener.accept()
-                held.append(connection)  # open, unanswered, until the test ends
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}/identity/v3"
-    finally:
-        stop.set()
-        thread.join(5)
-        for connection in held:
-            connection.close()
-        listener.close()
+    return run_osas(*args, env=clean_env(), cwd=cwd)
 
 
 def refused_identity() -> str:
@@ -86,7 +53,7 @@ def refused_identity() -> str:
 def cloud_that_is(kind: str, sim) -> Iterator[dict]:
     auth = dict(sim.clouds_yaml_entry()["auth"])
     if kind == "hung":
-        with silent_identity() as url:
+        with never_answering("/identity/v3") as url:
             yield {**auth, "auth_url": url}
     elif kind == "refused":
         yield {**auth, "auth_url": refused_identity()}
@@ -121,7 +88,7 @@ def test_a_start_says_within_seconds_what_it_waits_for_and_since_when(
             ),
         )
         started = time.monotonic()
-        with ServedOsas(config, env=environment()) as served:
+        with ServedOsas(config, env=clean_env()) as served:
             event = served.wait_for("still waiting for OpenStack: the first sync is not done")
             assert time.monotonic() - started < SAID_WITHIN
             state = event["state"]
@@ -153,7 +120,7 @@ def test_a_start_says_within_seconds_what_it_waits_for_and_since_when(
 def test_a_hung_clouds_failures_are_counted_from_the_first_attempt(sim, tmp_path):
     """An attempt against a cloud that never answers fails only at its timeout: the time in
     the failing state includes it, and the log says how long each attempt took."""
-    with silent_identity() as url:
+    with never_answering("/identity/v3") as url:
         auth = {**sim.clouds_yaml_entry()["auth"], "auth_url": url}
         metrics = f"127.0.0.1:{free_port()}"
         config = write_config(
@@ -163,7 +130,7 @@ def test_a_hung_clouds_failures_are_counted_from_the_first_attempt(sim, tmp_path
                 metrics_listen=metrics,
             ),
         )
-        with ServedOsas(config, env=environment()) as served:
+        with ServedOsas(config, env=clean_env()) as served:
             failed = served.wait_for("first sync failed; retrying", timeout=30)
             assert failed["attempt_seconds"] >= 2
             status = fetch_status(f"http://{metrics}")
@@ -242,7 +209,7 @@ def test_status_with_nothing_listening_says_what_to_check():
 
 
 def test_status_against_something_that_never_answers_says_so(tmp_path):
-    with silent_identity() as url:
+    with never_answering("/identity/v3") as url:
         where = url.removeprefix("http://").split("/")[0]
         result = osas("status", "--url", f"http://{where}")
     assert result.returncode == 3
@@ -335,7 +302,7 @@ def test_a_reload_that_changes_a_key_needing_a_restart_shows_until_the_restart(s
     metrics = f"127.0.0.1:{free_port()}"
     data = config_on(sim, metrics_listen=metrics)
     config = write_config(tmp_path, data)
-    with ServedOsas(config, env=environment()) as served:
+    with ServedOsas(config, env=clean_env()) as served:
         served.wait_for("health SERVING")
         url = f"http://{metrics}"
         assert fetch_status(url)["restart_needed_for"] == []
@@ -386,7 +353,7 @@ def test_configuration_errors_name_the_line_the_key_meant_and_the_form(tmp_path)
         "  networks: [net]\n"
     )
     result = run_osas(
-        "check-config", "--config", "osas.yaml", env=environment(OSAS_LISTEN="8086"), cwd=tmp_path
+        "check-config", "--config", "osas.yaml", env=clean_env(OSAS_LISTEN="8086"), cwd=tmp_path
     )
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
@@ -408,7 +375,7 @@ def test_a_relative_path_says_it_is_read_from_the_working_directory(tmp_path):
     data["node_groups"][0].pop("user_data")
     data["node_groups"][0]["user_data_file"] = "bootstrap/user-data"
     write_config(tmp_path, data)
-    result = run_osas("check-config", "--config", "osas.yaml", env=environment(), cwd=tmp_path)
+    result = run_osas("check-config", "--config", "osas.yaml", env=clean_env(), cwd=tmp_path)
     assert result.returncode == 2
     assert last_line(result) == (
         "osas check-config: configuration error: osas.yaml: node_groups[0](workers)."
@@ -420,7 +387,7 @@ def test_a_relative_path_says_it_is_read_from_the_working_directory(tmp_path):
         tls={"cert_file": "tls.crt", "key_file": "tls.key", "client_ca_file": "ca.crt"},
     )
     write_config(tmp_path, data)
-    result = run_osas("check-config", "--config", "osas.yaml", env=environment(), cwd=tmp_path)
+    result = run_osas("check-config", "--config", "osas.yaml", env=clean_env(), cwd=tmp_path)
     assert result.returncode == 4
     assert (
         "tls: cannot read tls.crt: No such file or directory (a relative path: read from the "
@@ -434,20 +401,20 @@ def test_a_relative_path_says_it_is_read_from_the_working_directory(tmp_path):
 def test_certs_say_every_setting_and_keep_what_is_there(tmp_path):
     out = tmp_path / "certs"
     first = run_osas(
-        "certs", "--out", str(out), env=environment(OSAS_LISTEN="127.0.0.1:18086"), cwd=tmp_path
+        "certs", "--out", str(out), env=clean_env(OSAS_LISTEN="127.0.0.1:18086"), cwd=tmp_path
     )
     assert first.returncode == 0, first.stderr
     assert "  server_names: [localhost, 127.0.0.1]\n" in first.stdout
     assert "address: localhost:18086   # from OSAS_LISTEN\n" in first.stdout
     made = (out / "ca.crt").read_bytes()
-    again = run_osas("certs", "--out", str(out), env=environment(), cwd=tmp_path)
+    again = run_osas("certs", "--out", str(out), env=clean_env(), cwd=tmp_path)
     assert again.returncode == 6
     assert last_line(again) == (
         f"osas certs: {out / 'ca.crt'} and 4 more already exist: osas certs keeps them (a "
         "running osas or CA may use them); give --force to replace them, or another --out"
     )
     assert (out / "ca.crt").read_bytes() == made  # untouched
-    forced = run_osas("certs", "--out", str(out), "--force", env=environment(), cwd=tmp_path)
+    forced = run_osas("certs", "--out", str(out), "--force", env=clean_env(), cwd=tmp_path)
     assert forced.returncode == 0, forced.stderr
     assert "(replacing the ones there)" in forced.stdout
     assert "address: localhost:8086   # osas serve's default; OSAS_LISTEN moves it\n" in (
@@ -464,7 +431,7 @@ def test_bench_writes_its_report_in_the_working_directory_by_default():
 def test_check_config_says_what_it_waits_for_while_the_cloud_does_not_answer(sim, tmp_path):
     """Its rows come as they are checked: against a Keystone that never answers, a line says
     so within seconds, long before the requests time out."""
-    with silent_identity() as url:
+    with never_answering("/identity/v3") as url:
         auth = {**sim.clouds_yaml_entry()["auth"], "auth_url": url}
         config = write_config(tmp_path, config_data(openstack={"auth": auth}))
         started = time.monotonic()
@@ -473,7 +440,7 @@ def test_check_config_says_what_it_waits_for_while_the_cloud_does_not_answer(sim
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=environment(),
+            env=clean_env(),
         )
         try:
             assert process.stdout is not None
@@ -491,7 +458,7 @@ def test_check_config_says_what_it_waits_for_while_the_cloud_does_not_answer(sim
 
 
 def test_bench_refuses_at_once_to_rewrite_sections_of_a_report_that_is_not_there(tmp_path):
-    result = run_osas("bench", "--sizes-only", env=environment(), cwd=tmp_path)
+    result = run_osas("bench", "--sizes-only", env=clean_env(), cwd=tmp_path)
     assert result.returncode == 2
     assert last_line(result) == (
         "osas bench: --sizes-only rewrites the sections of an existing report, and "

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import re
 import signal
 import socket
@@ -22,9 +21,11 @@ import trustme
 import yaml
 from support import (
     Provider,
+    clean_env,
     config_data,
     config_on,
     make_config,
+    never_answering,
     os_environment,
     osas_serve,
     read_events,
@@ -67,13 +68,6 @@ class Outcome:
         assert failed["reason"] == line.removeprefix("osas: ")
         assert failed["exit_code"] == code
         return line
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without OpenStack's or osas's variables, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OS_", "OSAS_", "GRPC_"))}
-    env.update(extra)
-    return env
 
 
 def osas(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> Outcome:
@@ -402,10 +396,7 @@ def test_check_config_answers_soon_when_keystone_accepts_and_never_answers(sim, 
     """The kernel completes the handshakes of a listening socket nobody reads: the requests
     go out and no answer ever comes. check-config's requests wait CHECK_REQUEST_TIMEOUT each
     (discovery, then the token), once, whatever openstack.api_timeout and attempts say."""
-    with socket.socket() as silent:
-        silent.bind(("127.0.0.1", 0))
-        silent.listen(16)
-        url = f"http://127.0.0.1:{silent.getsockname()[1]}/identity/v3"
+    with never_answering("/identity/v3") as url:
         auth = {**sim.clouds_yaml_entry()["auth"], "auth_url": url}
         openstack = {"auth": auth, "api_timeout": "30s", "attempts": 4}
         begun = time.monotonic()
