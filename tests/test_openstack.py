@@ -40,6 +40,7 @@ from osas.cloud.errors import (
 from osas.cloud.openstack import OpenStackCloud, _create_failure, _records_of_page, _translate
 from osas.cloud.openstack_settings import OpenStackAuth, OpenStackSettings
 from osas.cloud.port import CreateServerRequest
+from osas.domain.ledger import DeleteOutcome
 from osas.domain.limits import NodeInfo
 from osas.domain.servers import (
     META_CLUSTER,
@@ -50,6 +51,7 @@ from osas.domain.servers import (
     OwnershipMarks,
 )
 from osas.domain.specs import BootVolume
+from osas.engine.deletes import ServerDeleter
 from osas.sim import SimulatedOpenStack
 from osas.sim.model import FakeNova
 
@@ -148,6 +150,27 @@ async def test_delete_of_a_missing_server_is_success(sim, cloud):
     await cloud.delete_server(server_id)
     await cloud.delete_server(str(uuid.uuid4()))
     assert await cloud.get_server(server_id) is None
+
+
+async def test_a_delete_goes_only_for_a_server_read_as_the_groups_right_before(sim, cloud):
+    """The workers' delete through the real adapter: the read and the DELETE in one call, and
+    no DELETE for a server that lost a mark, is in another group, or is gone."""
+    nova = sim.nova
+    kept, deleted, other_group = seed_ours(nova, 2) + seed_ours(nova, 1, group="big")
+    del nova.get_server(kept).metadata[META_CLUSTER]  # by hand, no updated_at bumped
+    deleter = ServerDeleter(cloud, MARKS, may_write=lambda: True)
+    assert await deleter.delete_one(kept, "workers") is DeleteOutcome.NOT_OURS
+    assert await deleter.delete_one(other_group, "workers") is DeleteOutcome.NOT_OURS
+    assert await deleter.delete_one(deleted, "workers") is DeleteOutcome.SENT
+    assert await deleter.delete_one(str(uuid.uuid4()), "workers") is DeleteOutcome.GONE
+    # Not the writer any more: read, and never sent.
+    standing_by = ServerDeleter(cloud, MARKS, may_write=lambda: False)
+    assert await standing_by.delete_one(other_group, "big") is DeleteOutcome.FAILED
+    assert [(a.server_id, a.read_metadata) for a in nova.deletes_asked] == [
+        (deleted, {META_CLUSTER: CLUSTER, META_GROUP: "workers"})
+    ]
+    assert nova.get_server(kept) is not None
+    assert nova.get_server(other_group) is not None
 
 
 async def test_error_shapes_map_to_their_classes(sim, cloud):

@@ -354,6 +354,25 @@ def test_create_get_list_delete_with_everything_a_node_needs(sim, conn):
         conn.compute.delete_server(created.id, ignore_missing=False)
 
 
+def test_every_delete_is_kept_with_what_the_read_before_it_showed(sim, conn):
+    """What the fault schedules' "deleted only when read as ours" rests on: each DELETE the
+    API takes is recorded with the marks the last GET of that server showed (None unread),
+    however they changed since."""
+    nova = sim.nova
+    read_first = nova.seed(name="a", metadata={"osas-cluster": "c"}, tags=["t"])
+    unread = nova.seed(name="b", metadata={"osas-cluster": "c"})
+    conn.compute.get_server(read_first.server_id)
+    nova.delete_metadata_key(read_first.server_id, "osas-cluster")  # after the read
+    conn.compute.delete_server(read_first.server_id)
+    conn.compute.delete_server(unread.server_id)
+    nova.delete_server(nova.seed(name="c").server_id)  # by hand: not the API's
+    asked = {a.server_id: (a.read_metadata, a.read_tags) for a in nova.deletes_asked}
+    assert asked == {
+        read_first.server_id: ({"osas-cluster": "c"}, frozenset({"t"})),
+        unread.server_id: (None, None),
+    }
+
+
 def test_a_port_attaches_once(sim, conn):
     network = conn.network.find_network("cluster-net", ignore_missing=False)
     port = sim.add_port(network.id, name="n1-port")

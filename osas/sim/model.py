@@ -34,7 +34,7 @@ import hashlib
 import re
 import threading
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -254,6 +254,18 @@ def _locked(method: Callable[Concatenate[FakeNova, P], R]) -> Callable[Concatena
     return guarded
 
 
+@dataclass(frozen=True, slots=True)
+class DeleteAsked:
+    """A DELETE of a server that reached Nova's API, with the server's metadata and tags as
+    the last read of that server alone (``GET /servers/{id}``) before it showed them; None when
+    no such read came first. Nova has no conditional delete: a mark removed after that read
+    and before the DELETE lands does not stop it."""
+
+    server_id: str
+    read_metadata: Mapping[str, str] | None
+    read_tags: frozenset[str] | None
+
+
 class FakeNova:
     """Nova's server model in memory; synchronous, so the HTTP simulator can serve it too.
 
@@ -293,6 +305,10 @@ class FakeNova:
         # order, kept until a server is added (created_at and ids never change).
         self._unsettled: dict[str, FakeServer] = {}
         self._listing_order: list[FakeServer] | None = None
+        # What the last read of each server alone showed of its marks, and every DELETE the
+        # API took with the read before it (the last 10,000: a long-running simulator).
+        self._last_read: dict[str, tuple[dict[str, str], frozenset[str]]] = {}
+        self.deletes_asked: deque[DeleteAsked] = deque(maxlen=10_000)
 
     @property
     def clock(self) -> Callable[[], datetime]:
@@ -548,6 +564,24 @@ class FakeNova:
         return None if server is None or server.status == "DELETED" else server
 
     @_locked
+    def show_server(self, server_id: str) -> FakeServer | None:
+        """``get_server`` as the API's read of one server: what it shows of the marks is kept
+        for the DELETE that may follow (``deletes_asked``)."""
+        server = self.get_server(server_id)
+        if server is not None:
+            self._last_read[server_id] = (dict(server.metadata), frozenset(server.tags))
+        return server
+
+    @_locked
+    def delete_asked(self, server_id: str) -> bool:
+        """``delete_server`` as the API's DELETE, recorded with the read before it."""
+        read = self._last_read.pop(server_id, None)
+        self.deletes_asked.append(
+            DeleteAsked(server_id, *(read if read is not None else (None, None)))
+        )
+        return self.delete_server(server_id)
+
+    @_locked
     def create_server(self, request: CreateServerRequest, *, ports_given: int = 0) -> FakeServer:
         """Create as Nova's API does. ``ports_given``: how many of the request's networks are
         existing ports it names (Neutron makes no new port for those)."""
@@ -638,6 +672,7 @@ class FakeNova:
         """False when there was no such server (Nova's 404)."""
         self.calls["servers.delete"] += 1
         self._advance()
+        self._last_read.pop(server_id, None)
         server = self._servers.get(server_id)
         if server is None or server.status == "DELETED":
             return False

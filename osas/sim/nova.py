@@ -302,7 +302,10 @@ class Compute:
         return filters
 
     def _show(self, request: Request, version: Microversion) -> Response:
-        server = self._server(request.params["server_id"])
+        server_id = request.params["server_id"]
+        server = self.nova.show_server(server_id)
+        if server is None:
+            raise nova_error(404, f"Instance {server_id} could not be found.")
         return Response.json(200, {"server": self._server_body(server, version, request.base_url)})
 
     def _server(self, server_id: str) -> FakeServer:
@@ -564,7 +567,7 @@ class Compute:
     def _delete(self, request: Request, version: Microversion) -> Response:
         del version
         server_id = request.params["server_id"]
-        if not self.nova.delete_server(server_id):
+        if not self.nova.delete_asked(server_id):
             raise nova_error(404, f"Instance {server_id} could not be found.")
         return Response.empty(204)
 
