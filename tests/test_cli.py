@@ -194,6 +194,43 @@ def test_sim_command_serves_and_writes_clouds_yaml(tmp_path, monkeypatch):
         process.stdout.close()
 
 
+def test_sim_command_serves_regions_and_names_its_cloud(tmp_path, monkeypatch):
+    """`osas sim --region A --region B --cloud-name NAME`: one Keystone, a Nova per region,
+    the clouds.yaml entry under NAME in the first region; a server made in B is not in A."""
+    clouds = tmp_path / "clouds.yaml"
+    command = [sys.executable, "-m", "osas", "sim", "--clouds-yaml", str(clouds)]
+    command += ["--region", "North", "--region", "South", "--cloud-name", "private"]
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert process.stdout is not None
+        said = [process.stdout.readline() for _ in range(3)]
+        assert "regions: North, South (each its own Nova)" in said[2]
+        entry = yaml.safe_load(clouds.read_text())["clouds"]["private"]
+        assert entry["region_name"] == "North"
+        monkeypatch.setenv("OS_CLIENT_CONFIG_FILE", str(clouds))
+        north = openstack.connect(cloud="private")
+        south = openstack.connect(cloud="private", region_name="South")
+        try:
+            flavor = south.compute.find_flavor("m1.small", ignore_missing=False)
+            network = south.network.find_network("cluster-net", ignore_missing=False)
+            image = next(iter(south.image.images(name="ubuntu-24.04")))
+            south.compute.create_server(
+                name="s1", flavor_id=flavor.id, image_id=image.id, networks=[{"uuid": network.id}]
+            )
+            assert [s.name for s in south.compute.servers()] == ["s1"]
+            assert list(north.compute.servers()) == []
+        finally:
+            north.close()
+            south.close()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=20)
+        assert process.stdout is not None
+        process.stdout.close()
+
+
 async def test_osas_certs_make_a_working_mtls_pair(tmp_path):
     """`osas certs`: osas serves mTLS with them, and a client with CA's files gets in."""
     out = tmp_path / "certs"

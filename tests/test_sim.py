@@ -22,6 +22,8 @@ from datetime import UTC, datetime, timedelta
 
 import keystoneauth1.exceptions
 import openstack
+import openstack.config
+import openstack.connection
 import openstack.exceptions
 import pytest
 import yaml
@@ -1292,3 +1294,108 @@ def test_novas_clock_jumping_does_not_stall_builds_or_deletes():
     nova.clock_offset = 0.0
     time.sleep(0.1)
     assert nova.find_server(server.server_id).status == "DELETED"
+
+
+# -- several places: regions behind one Keystone, and clouds with their own -------------------
+
+
+def test_a_second_region_is_its_own_nova_behind_the_same_keystone(sim):
+    """A token from the one Keystone is good in both regions; each region's Nova has its own
+    servers, images and networks (other ids), and its catalogue endpoints carry its path."""
+    two = sim.add_region("RegionTwo")
+    one_conn, two_conn = connect(sim), connect(sim, region_name="RegionTwo")
+    try:
+        assert two_conn.compute.get_endpoint().startswith(f"{sim.base_url}/regions/RegionTwo/")
+        assert one_conn.compute.get_endpoint() == f"{sim.base_url}/compute/v2.1"
+        made = two_conn.compute.create_server(**boot_args(two_conn, "in-two"))
+        assert two.nova.get_server(made.id) is not None
+        assert sim.nova.get_server(made.id) is None
+        assert [s.id for s in two_conn.compute.servers()] == [made.id]
+        assert list(one_conn.compute.servers()) == []
+        assert find_image(one_conn, "ubuntu-24.04").id != find_image(two_conn, "ubuntu-24.04").id
+        assert sim.calls["compute.servers.create"] == 0
+        assert two.calls["compute.servers.create"] == 1
+    finally:
+        one_conn.close()
+        two_conn.close()
+
+
+def test_a_regions_faults_clock_and_pages_are_its_own(sim):
+    """Region two failing every call, rate limited and hours ahead leaves region one as it was;
+    region two's pages link within region two."""
+    two = sim.add_region("RegionTwo")
+    for index in range(5):
+        two.nova.seed(name=f"w{index}", tags=[TAG])
+    one_conn, two_conn = connect(sim), connect(sim, region_name="RegionTwo")
+    try:
+        listed = [s.id for s in two_conn.compute.servers(details=True, tags=TAG, limit=2)]
+        assert len(listed) == 5
+        pages = [e.target for e in sim.history if e.operation == "compute.servers.list"]
+        assert all(target.startswith("/regions/RegionTwo/compute/") for target in pages)
+        assert (
+            control(sim, "POST", "/regions/RegionTwo/_sim/nova", {"clock_offset": 3 * 3600})[0]
+            == 200
+        )
+        assert sim.nova.clock_offset == 0
+        request = urllib.request.Request(f"{sim.base_url}/regions/RegionTwo/compute/")  # noqa: S310
+        with urllib.request.urlopen(request, timeout=10) as answer:  # noqa: S310
+            two_date = email.utils.parsedate_to_datetime(answer.headers["Date"])
+        with urllib.request.urlopen(f"{sim.base_url}/compute/", timeout=10) as answer:  # noqa: S310
+            one_date = email.utils.parsedate_to_datetime(answer.headers["Date"])
+        assert 3 * 3600 - 60 < (two_date - one_date).total_seconds() < 3 * 3600 + 60
+        two.nova.faults.error_rate = 1.0
+        with pytest.raises(openstack.exceptions.HttpException) as refused:
+            list(two_conn.compute.servers())
+        assert refused.value.status_code == 503
+        assert list(one_conn.compute.servers()) == []
+        two.nova.faults.error_rate = 0.0
+        two.nova.faults.request_rate = 0.001
+        two.rate_limited("compute.servers.list")  # the one request its burst allows
+        with pytest.raises(openstack.exceptions.HttpException) as throttled:
+            list(two_conn.compute.servers())
+        assert throttled.value.status_code == 429
+        assert list(one_conn.compute.servers()) == []
+        assert two.throttled["compute.servers.list"] >= 1
+        assert sim.throttled["compute.servers.list"] == 0
+    finally:
+        one_conn.close()
+        two_conn.close()
+
+
+def test_a_second_cloud_has_its_own_keystone_and_refuses_the_firsts_tokens(sim, tmp_path):
+    """Two simulators are two clouds: one clouds.yaml names both, each entry reaches its own
+    Nova, and a token from one Keystone is refused by the other's services."""
+    with SimulatedOpenStack(FakeNova(), region="Burst") as other:
+        clouds = tmp_path / "clouds.yaml"
+        sim.write_clouds_yaml(clouds, "private")
+        other.write_clouds_yaml(clouds, "public")
+        document = yaml.safe_load(clouds.read_text())["clouds"]
+        assert document["public"]["region_name"] == "Burst"
+        assert document["private"]["auth"]["auth_url"] == sim.auth_url
+        loader = openstack.config.OpenStackConfig(config_files=[str(clouds)])
+        private = openstack.connection.Connection(config=loader.get_one(cloud="private"))
+        public = openstack.connection.Connection(config=loader.get_one(cloud="public"))
+        try:
+            public.compute.create_server(**boot_args(public, "burst-1"))
+            assert len(other.nova.live_servers()) == 1
+            assert sim.nova.live_servers() == []
+            token = private.session.get_token()
+            request = urllib.request.Request(  # noqa: S310 - loopback
+                f"{other.base_url}/compute/v2.1/servers", headers={"X-Auth-Token": token}
+            )
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=10)  # noqa: S310
+            with refused.value as error:  # its socket closed with it
+                assert error.code == 401
+        finally:
+            private.close()
+            public.close()
+
+
+def test_a_region_is_added_once_and_named_as_a_path_segment(sim):
+    sim.add_region("RegionTwo")
+    with pytest.raises(ValueError, match="there already"):
+        sim.add_region("RegionTwo")
+    with pytest.raises(ValueError, match="path segment"):
+        sim.add_region("a/b")
+    assert set(sim.regions) == {"RegionOne", "RegionTwo"}

@@ -56,10 +56,22 @@ def http_url(text: str) -> str:
     return text
 
 
+def _plain(text: str) -> bool:
+    return bool(text) and all(c.isascii() and (c.isalnum() or c in "._-") for c in text)
+
+
 def label(text: str) -> str:
     """A benchmark run's name: kept in a file name, so letters, digits, '.', '_' and '-'."""
-    if not text or not all(c.isascii() and (c.isalnum() or c in "._-") for c in text):
+    if not _plain(text):
         raise argparse.ArgumentTypeError(
             f"not a run name (letters, digits, '.', '_', '-'): {text!r}"
         )
+    return text
+
+
+def name(text: str) -> str:
+    """A cloud's or a region's name: a clouds.yaml key and a URL path segment, so letters,
+    digits, '.', '_' and '-'."""
+    if not _plain(text):
+        raise argparse.ArgumentTypeError(f"not a name (letters, digits, '.', '_', '-'): {text!r}")
     return text

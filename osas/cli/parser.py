@@ -34,6 +34,8 @@ control API: plain HTTP and JSON, no token, under the URL it prints; GET /_sim/ 
   /_sim/identity    GET, POST: token lifetime and refusals; POST /_sim/identity/revoke
   /_sim/activate    POST: finish builds now (all, or {"id": ...})
   /_sim/calls       GET: requests counted by operation; POST /_sim/calls/reset
+each region but the first (--region) has its own under /regions/NAME/_sim/; a second cloud
+with a Keystone of its own is a second osas sim (--cloud-name, another port).
 """
 
 
@@ -143,6 +145,22 @@ def _add_sim(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--clouds-yaml",
         type=Path,
         help="write a clouds.yaml with an 'osas-sim' entry here (default: none written)",
+    )
+    sim.add_argument(
+        "--cloud-name",
+        type=arguments.name,
+        default="osas-sim",
+        help="the clouds.yaml entry written: another name for a second simulated cloud, with "
+        "its own Keystone (default: %(default)s)",
+    )
+    sim.add_argument(
+        "--region",
+        dest="regions",
+        action="append",
+        type=arguments.name,
+        metavar="NAME",
+        help="a region of the cloud, each with its own Nova behind the one Keystone; give it "
+        "again for more (default: RegionOne alone; the first is the clouds.yaml entry's)",
     )
     sim.add_argument(
         "--build-seconds",

@@ -16,7 +16,14 @@ def run(args: argparse.Namespace) -> int:
     if args.clouds_yaml is not None:
         writable_folder(args.clouds_yaml.parent, args.clouds_yaml.name)
     try:
-        run_sim(args.port, args.clouds_yaml, args.build_seconds, delete_seconds=args.delete_seconds)
+        run_sim(
+            args.port,
+            args.clouds_yaml,
+            args.build_seconds,
+            delete_seconds=args.delete_seconds,
+            regions=tuple(args.regions or ()),
+            cloud_name=args.cloud_name,
+        )
     except CannotListen as exc:
         raise CommandError(f"{exc}: stop what listens there, or choose --port", EXIT_BIND) from exc
     except CloudsYamlUnwritable as exc:

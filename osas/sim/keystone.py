@@ -3,15 +3,16 @@
 Version discovery (``/identity`` answers 300 Multiple Choices with ``versions.values``, the way
 Keystone does, and ``/identity/v3`` a single ``version``), project-scoped tokens from the
 ``password`` and ``application_credential`` methods with the ``X-Subject-Token`` header, and a
-catalog that names compute, image, network and block-storage (also as volumev3) on this
-simulator. Every other API checks the ``X-Auth-Token`` it is sent against ``Identity.token``.
+catalog that names compute, image, network and block-storage (also as volumev3) in every
+region of this simulator. Every other API checks the ``X-Auth-Token`` it is sent against
+``Identity.token``.
 """
 
 from __future__ import annotations
 
 import secrets
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -29,6 +30,16 @@ _NAMESPACE = uuid.UUID("6f1a4b2e-3c0d-4e8f-9a7b-5d2c1e0f3a4b")  # stable ids acr
 def stable_id(kind: str, name: str) -> str:
     """An id that is the same on every run, so clouds.yaml files and logs stay comparable."""
     return uuid.uuid5(_NAMESPACE, f"{kind}:{name}").hex
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogEntry:
+    """One service's endpoint in one region, as the token's catalogue names it."""
+
+    service_type: str
+    name: str
+    region: str
+    url: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,11 +107,8 @@ def _timestamp(moment: datetime) -> str:
 class Identity:
     """Users, application credentials and tokens, and the Keystone routes over them."""
 
-    def __init__(
-        self, *, region: str, catalog: Callable[[str], Mapping[str, tuple[str, str]]]
-    ) -> None:
-        # ``catalog(base_url)`` maps a service type to (service name, endpoint URL).
-        self.region = region
+    def __init__(self, *, catalog: Callable[[str], Iterable[CatalogEntry]]) -> None:
+        # ``catalog(base_url)``: every endpoint, in every region, the catalogue names.
         self._catalog = catalog
         self.users: dict[str, User] = {}
         self.application_credentials: dict[str, ApplicationCredential] = {}
@@ -348,24 +356,28 @@ class Identity:
         return body
 
     def _catalog_body(self, base_url: str) -> list[dict[str, Any]]:
-        return [
-            {
-                "type": service_type,
-                "name": name,
-                "id": stable_id("service", service_type),
-                "endpoints": [
-                    {
-                        "id": stable_id("endpoint", f"{service_type}/{interface}"),
-                        "interface": interface,
-                        "region": self.region,
-                        "region_id": self.region,
-                        "url": url,
-                    }
-                    for interface in ("public", "internal", "admin")
-                ],
-            }
-            for service_type, (name, url) in self._catalog(base_url).items()
-        ]
+        services: dict[str, dict[str, Any]] = {}
+        for entry in self._catalog(base_url):
+            service = services.setdefault(
+                entry.service_type,
+                {
+                    "type": entry.service_type,
+                    "name": entry.name,
+                    "id": stable_id("service", entry.service_type),
+                    "endpoints": [],
+                },
+            )
+            service["endpoints"].extend(
+                {
+                    "id": stable_id("endpoint", f"{entry.region}/{entry.service_type}/{interface}"),
+                    "interface": interface,
+                    "region": entry.region,
+                    "region_id": entry.region,
+                    "url": entry.url,
+                }
+                for interface in ("public", "internal", "admin")
+            )
+        return list(services.values())
 
 
 def _names_domain(ref: Any, domain_id: str, domain_name: str) -> bool:

@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,15 +36,12 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
 
-from osas.sim.cinder import Cinder
-from osas.sim.control import Control
-from osas.sim.glance import FakeImage, Glance
-from osas.sim.keystone import Identity, stable_id, unauthorized
+from osas.sim.glance import FakeImage
+from osas.sim.keystone import CatalogEntry, Identity, unauthorized
 from osas.sim.model import FakeKeypair, FakeNova, FakeServerGroup
-from osas.sim.neutron import FakeNetwork, FakePort, FakeSecurityGroup, Neutron
-from osas.sim.nova import Compute
-from osas.sim.nova_schema import Microversion
-from osas.sim.routing import HttpError, Request, Response, Route, Router
+from osas.sim.neutron import FakeNetwork, FakePort, FakeSecurityGroup
+from osas.sim.region import REGION_PATH, SimRegion
+from osas.sim.routing import HttpError, Request, Response, Route
 from osas.sim.serving import BackgroundHttp, TrackedHandler, TrackedHttpServer
 
 logger = logging.getLogger(__name__)
@@ -55,11 +52,6 @@ DEFAULT_PROJECT = "k8s"
 DEFAULT_DOMAIN = "Default"
 APP_CREDENTIAL_ID = "app-cred-id"
 APP_CREDENTIAL_SECRET = "app-cred-secret"  # noqa: S105 - documented test credential
-DEFAULT_IMAGE = "ubuntu-24.04"
-DEFAULT_NETWORK = "cluster-net"
-DEFAULT_SECURITY_GROUP = "default"
-DEFAULT_KEYPAIR = "ops"
-DEFAULT_SERVER_GROUP = "workers-anti-affinity"
 CLOUD_NAME = "osas-sim"
 HISTORY_SIZE = 10_000
 _SEED = 0  # fault injection draws from a seeded generator so runs repeat
@@ -83,12 +75,15 @@ class _HttpServer(TrackedHttpServer):
 
 class _Handler(TrackedHandler):
     server: _HttpServer
+    _region_nova: FakeNova | None = None  # the Nova of the region the request is for
 
     def _serve(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         headers = {name.lower(): value for name, value in self.headers.items()}
-        response = self.server.simulator.dispatch(self.command, self.path, headers, body)
+        simulator = self.server.simulator
+        self._region_nova = simulator.region_of(self.path).nova
+        response = simulator.dispatch(self.command, self.path, headers, body)
         if response.dropped:
             # Nothing written: finish() and the server close the socket, the client reads EOF.
             self.close_connection = True
@@ -106,11 +101,12 @@ class _Handler(TrackedHandler):
             self.close_connection = True
 
     def date_time_string(self, timestamp: float | None = None) -> str:
-        """The Date header, by Nova's clock (the front server of a real cloud shares its host's
-        clock, which is what osas takes changes-since from)."""
+        """The Date header, by the clock of the region's Nova (the front server of a real cloud
+        shares its host's clock, which is what osas takes changes-since from)."""
         if timestamp is not None:
             return super().date_time_string(timestamp)
-        return email.utils.format_datetime(self.server.simulator.nova.clock(), usegmt=True)
+        nova = self._region_nova or self.server.simulator.nova
+        return email.utils.format_datetime(nova.clock(), usegmt=True)
 
     # The stdlib dispatches on these names.
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _serve  # noqa: N815
@@ -144,103 +140,93 @@ class SimulatedOpenStack(BackgroundHttp):
     ) -> None:
         if not ipaddress.ip_address(host).is_loopback:
             raise ValueError(f"the simulator serves loopback only, not {host}")
-        self.nova = nova if nova is not None else FakeNova()
-        self.lock = self.nova.lock  # one lock for the model and every registry beside it
-        self.calls: Counter[str] = Counter()
-        self.throttled: Counter[str] = Counter()  # requests answered 429, per operation
-        self._buckets = {"create": _TokenBucket(), "request": _TokenBucket()}
         # The latest requests in order (control API excluded), for tests that look at paging.
         self.history: deque[Exchange] = deque(maxlen=HISTORY_SIZE)
         self.host = host
-        self.region = region
         self._requested_port = port
         self._random = random.Random(seed)  # noqa: S311 - fault injection, not security
         super().__init__()  # `stopping` cuts stalls short when the simulator stops
         self._port: int | None = None  # kept after stop, for messages about a past run
+        self._region_settings = {
+            "max_limit": max_limit,
+            "min_microversion": min_microversion,
+            "max_microversion": max_microversion,
+        }
 
-        self.identity = Identity(region=region, catalog=self._catalog)
+        self.identity = Identity(catalog=self._catalog)
         user = self.identity.add_user(DEFAULT_USER, DEFAULT_PASSWORD, DEFAULT_PROJECT)
         self.identity.add_application_credential(APP_CREDENTIAL_ID, APP_CREDENTIAL_SECRET, user)
         self.project_id = user.project.project_id
-        self.glance = Glance(owner=self.project_id, clock=self.nova.clock)
-        self.neutron = Neutron(project_id=self.project_id, clock=self.nova.clock, nova=self.nova)
-        # The port quota counts the registry's ports besides the servers' own.
-        self.nova.registry_ports = self.neutron.port_devices
-        self.cinder = Cinder(project_id=self.project_id, nova=self.nova)
-        self.compute = Compute(
-            self.nova,
-            self.glance,
-            self.neutron,
+        self._user_id = user.user_id
+        self.regions: dict[str, SimRegion] = {}
+        first = self.add_region(region, nova if nova is not None else FakeNova())
+        # The first region is the simulator as a one-region cloud: served at the root, with
+        # Keystone, and named by the attributes below.
+        self.identity.register(first.router)
+        self.region = region
+        self.nova = first.nova
+        self.lock = first.lock
+        self.calls = first.calls
+        self.throttled = first.throttled
+        self.glance, self.neutron, self.cinder = first.glance, first.neutron, first.cinder
+        self.compute = first.compute
+
+    def add_region(self, name: str, nova: FakeNova | None = None) -> SimRegion:
+        """Another region behind this Keystone: its own Nova (servers, quota, faults, clock),
+        Glance, Neutron and Cinder, served under ``/regions/<name>`` and named in every token's
+        catalogue from now on (openstacksdk reads the catalogue when it authenticates)."""
+        if name in self.regions:
+            raise ValueError(f"region {name!r} is there already")
+        if not name or "/" in name:
+            raise ValueError(f"a region name is a path segment, not {name!r}")
+        made = SimRegion(
+            name,
+            nova if nova is not None else FakeNova(),
+            self.identity,
+            first=not self.regions,
             project_id=self.project_id,
-            user_id=user.user_id,
-            max_limit=max_limit,
-            min_version=Microversion.parse(min_microversion),
-            max_version=Microversion.parse(max_microversion),
+            user_id=self._user_id,
+            **self._region_settings,  # type: ignore[arg-type]
         )
-        self._router = Router()
-        for service in (self.identity, self.compute, self.glance, self.neutron, self.cinder):
-            service.register(self._router)
-        self._control = Router()
-        Control(self.nova, self.calls, self.identity, self.throttled).register(self._control)
-        self._add_defaults()
+        self.regions[name] = made
+        return made
 
-    def _add_defaults(self) -> None:
-        with self.lock:
-            self.add_image(DEFAULT_IMAGE, image_id=_stable_uuid("image", DEFAULT_IMAGE))
-            self.add_network(DEFAULT_NETWORK, network_id=_stable_uuid("network", DEFAULT_NETWORK))
-            self.add_security_group(DEFAULT_SECURITY_GROUP)
-            if DEFAULT_KEYPAIR not in self.nova.keypairs:
-                self.nova.add_keypair(DEFAULT_KEYPAIR)
-            if self.nova.find_server_group(DEFAULT_SERVER_GROUP) is None:
-                self.nova.add_server_group(
-                    DEFAULT_SERVER_GROUP, group_id=_stable_uuid("group", DEFAULT_SERVER_GROUP)
-                )
-
-    # -- registries beside Nova -------------------------------------------------------------------
+    # -- registries beside Nova (the first region's) ---------------------------------------------
 
     def add_image(self, name: str, **details: Any) -> FakeImage:
-        with self.lock:
-            return self.glance.add_image(name, **details)
+        return self.regions[self.region].add_image(name, **details)
 
     def add_network(
         self, name: str, *, cidr: str = "10.0.0.0/24", network_id: str | None = None
     ) -> FakeNetwork:
-        with self.lock:
-            return self.neutron.add_network(name, cidr=cidr, network_id=network_id)
+        return self.regions[self.region].add_network(name, cidr=cidr, network_id=network_id)
 
     def add_security_group(self, name: str, *, description: str = "") -> FakeSecurityGroup:
-        with self.lock:
-            return self.neutron.add_security_group(name, description=description)
+        return self.regions[self.region].add_security_group(name, description=description)
 
     def add_port(self, network_id: str, *, name: str = "") -> FakePort:
-        with self.lock:
-            return self.neutron.add_port(network_id, name=name)
+        return self.regions[self.region].add_port(network_id, name=name)
 
     def add_keypair(self, name: str, public_key: str | None = None) -> FakeKeypair:
-        return self.nova.add_keypair(name, public_key)
+        return self.regions[self.region].add_keypair(name, public_key)
 
     def add_server_group(self, name: str, *, policy: str = "anti-affinity") -> FakeServerGroup:
-        return self.nova.add_server_group(name, policy=policy)
+        return self.regions[self.region].add_server_group(name, policy=policy)
 
     def images(self) -> list[FakeImage]:
-        with self.lock:
-            return list(self.glance.images.values())
+        return self.regions[self.region].images()
 
     def networks(self) -> list[FakeNetwork]:
-        with self.lock:
-            return list(self.neutron.networks.values())
+        return self.regions[self.region].networks()
 
     def security_groups(self) -> list[FakeSecurityGroup]:
-        with self.lock:
-            return list(self.neutron.security_groups.values())
+        return self.regions[self.region].security_groups()
 
     def keypairs(self) -> list[FakeKeypair]:
-        with self.lock:
-            return list(self.nova.keypairs.values())
+        return self.regions[self.region].keypairs()
 
     def server_groups(self) -> list[FakeServerGroup]:
-        with self.lock:
-            return list(self.nova.server_groups.values())
+        return self.regions[self.region].server_groups()
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -263,22 +249,20 @@ class SimulatedOpenStack(BackgroundHttp):
     def auth_url(self) -> str:
         return f"{self.base_url}/identity/v3"
 
-    def _catalog(self, base_url: str) -> Mapping[str, tuple[str, str]]:
-        return {
-            "identity": ("keystone", f"{base_url}/identity"),
-            "compute": ("nova", f"{base_url}/compute/v2.1"),
-            "image": ("glance", f"{base_url}/image"),
-            "network": ("neutron", f"{base_url}/network"),
-            # Real clouds publish Cinder under both types, at one endpoint with the project in it.
-            "block-storage": ("cinder", f"{base_url}/volume/v3/{self.project_id}"),
-            "volumev3": ("cinderv3", f"{base_url}/volume/v3/{self.project_id}"),
-        }
+    def _catalog(self, base_url: str) -> Iterator[CatalogEntry]:
+        first = self.region
+        yield CatalogEntry("identity", "keystone", first, f"{base_url}/identity")
+        for region in list(self.regions.values()):
+            for service_type, name, url in region.endpoints(base_url):
+                yield CatalogEntry(service_type, name, region.name, url)
 
     # -- clouds.yaml ------------------------------------------------------------------------------
 
-    def clouds_yaml_entry(self, *, application_credential: bool = False) -> dict[str, Any]:
+    def clouds_yaml_entry(
+        self, *, application_credential: bool = False, region: str | None = None
+    ) -> dict[str, Any]:
         """A ``clouds.<name>`` entry for openstacksdk: the default user, or the application
-        credential when asked."""
+        credential when asked; in the first region, or the one named."""
         if application_credential:
             auth: dict[str, Any] = {
                 "auth_url": self.auth_url,
@@ -296,15 +280,20 @@ class SimulatedOpenStack(BackgroundHttp):
             }
         entry: dict[str, Any] = {
             "auth": auth,
-            "region_name": self.region,
+            "region_name": region or self.region,
             "interface": "public",
             "identity_api_version": 3,
         }
+        if len(self.regions) > 1:
+            # openstacksdk accepts a region_name only among the entry's regions.
+            entry["regions"] = list(self.regions)
         if application_credential:
             entry["auth_type"] = "v3applicationcredential"
         return entry
 
-    def write_clouds_yaml(self, path: Path | str, name: str = CLOUD_NAME) -> None:
+    def write_clouds_yaml(
+        self, path: Path | str, name: str = CLOUD_NAME, *, region: str | None = None
+    ) -> None:
         """Add (or replace) ``clouds.<name>`` in a clouds.yaml, keeping its other clouds. The
         file holds a password, so it is written readable by its owner only."""
         target = Path(path)
@@ -320,7 +309,7 @@ class SimulatedOpenStack(BackgroundHttp):
                 raise ValueError(f"{target} is not a clouds.yaml mapping")
             document = loaded
         clouds = document.setdefault("clouds", {})
-        clouds[name] = self.clouds_yaml_entry()
+        clouds[name] = self.clouds_yaml_entry(region=region)
         target.parent.mkdir(parents=True, exist_ok=True)
         # Written aside and renamed into place: a reader started alongside (the README runs
         # `osas check-config --wait` right after `osas sim &`) sees no file or a whole one.
@@ -336,21 +325,35 @@ class SimulatedOpenStack(BackgroundHttp):
 
     # -- serving ----------------------------------------------------------------------------------
 
+    def region_of(self, target: str) -> SimRegion:
+        """The region that serves a request target (path and query)."""
+        return self._region_of(urlsplit(target).path)[0]
+
+    def _region_of(self, path: str) -> tuple[SimRegion, str]:
+        """The region a path is served by, and the path within it."""
+        if path.startswith(REGION_PATH):
+            name, _, rest = path[len(REGION_PATH) :].partition("/")
+            region = self.regions.get(name)
+            if region is not None and not region.first:
+                return region, f"/{rest}"
+        return self.regions[self.region], path
+
     def dispatch(
         self, method: str, target: str, headers: Mapping[str, str], body: bytes
     ) -> Response:
         """Answer one HTTP request (called on the server's threads)."""
         split = urlsplit(target)
+        region, path = self._region_of(split.path)
         request = Request(
             method=method,
-            path=split.path,
+            path=path,
             query=parse_qs(split.query, keep_blank_values=True),
             headers=headers,
             body=body,
-            base_url=self.base_url,
+            base_url=f"{self.base_url}{region.prefix}",
         )
         control = request.path == "/_sim" or request.path.startswith("/_sim/")
-        router = self._control if control else self._router
+        router = region.control if control else region.router
         matched = router.match(request.method, request.path)
         if matched is None:
             status = 405 if router.serves(request.path) else 404
@@ -359,30 +362,30 @@ class SimulatedOpenStack(BackgroundHttp):
             route, params = matched
             request.params = {name: unquote(value) for name, value in params.items()}
             if not control:
-                with self.lock:
-                    self.calls[route.operation] += 1
-            response = self._answer(route, request)
+                with region.lock:
+                    region.calls[route.operation] += 1
+            response = self._answer(region, route, request)
         if not control:
             operation = "" if matched is None else matched[0].operation
             self.history.append(Exchange(operation, method, target, response.status))
         response.headers.setdefault("X-Openstack-Request-Id", f"req-{uuid.uuid4()}")
         return response
 
-    def _answer(self, route: Route, request: Request) -> Response:
+    def _answer(self, region: SimRegion, route: Route, request: Request) -> Response:
         if route.faulty:
-            failure = self._rate_limited(route) or self._injected_failure()
+            failure = self._rate_limited(region, route) or self._injected_failure(region)
             if failure is not None:
                 return failure
         if route.authenticated and self.identity.token(request.header("X-Auth-Token")) is None:
-            return unauthorized(request.base_url)
+            return unauthorized(self.base_url)
         if route.stall is not None:
-            with self.lock:
+            with region.lock:
                 stall = route.stall()
             # Outside the lock, so other calls go on; a simulator stopping meanwhile answers
             # nothing and stores nothing.
             if stall > 0 and self.stopping.wait(stall):
                 return Response.drop()
-        with self.lock:
+        with region.lock:
             try:
                 return route.handler(request)
             except HttpError as error:
@@ -393,33 +396,24 @@ class SimulatedOpenStack(BackgroundHttp):
                     500, {"computeFault": {"code": 500, "message": "simulator error"}}
                 )
 
-    def _rate_limited(self, route: Route) -> Response | None:
-        """The cloud's rate limit, in front of Nova: a request above it never reaches Nova."""
-        faults = self.nova.faults
-        limits = [("request", faults.request_rate)]
-        if route.operation == "compute.servers.create":
-            limits.append(("create", faults.create_rate))
-        now = time.monotonic()
-        with self.lock:
-            for name, rate in limits:
-                wait = self._buckets[name].take(rate, now)
-                if wait is not None:
-                    self.throttled[route.operation] += 1
-                    # Whole seconds, as rate limiters send it (RFC 9110 delay-seconds).
-                    retry_after = str(max(1, math.ceil(wait)))
-                    status = faults.rate_limit_status
-                    return Response.json(
-                        status,
-                        {"overLimit": {"code": status, "message": "Rate limit exceeded"}},
-                        {"Retry-After": retry_after},
-                    )
-        return None
+    def _rate_limited(self, region: SimRegion, route: Route) -> Response | None:
+        """The region's rate limit, in front of its Nova: a request above it never reaches Nova."""
+        wait = region.rate_limited(route.operation)
+        if wait is None:
+            return None
+        # Whole seconds, as rate limiters send it (RFC 9110 delay-seconds).
+        status = region.nova.faults.rate_limit_status
+        return Response.json(
+            status,
+            {"overLimit": {"code": status, "message": "Rate limit exceeded"}},
+            {"Retry-After": str(max(1, math.ceil(wait)))},
+        )
 
-    def _injected_failure(self) -> Response | None:
-        faults = self.nova.faults
+    def _injected_failure(self, region: SimRegion) -> Response | None:
+        faults = region.nova.faults
         if faults.latency > 0:
             time.sleep(faults.latency)  # outside the lock: slow calls overlap
-        with self.lock:
+        with region.lock:
             failed = faults.error_rate > 0 and self._random.random() < faults.error_rate
         if failed:
             return Response.html(
@@ -428,35 +422,6 @@ class SimulatedOpenStack(BackgroundHttp):
                 "No server is available for this request (injected).",
             )
         return None
-
-
-class _TokenBucket:
-    """``rate`` requests a second, with a burst of one second's worth."""
-
-    def __init__(self) -> None:
-        self._tokens = 0.0
-        self._at: float | None = None
-
-    def take(self, rate: float, now: float) -> float | None:
-        """None when a request may pass (and takes its token); else seconds to wait."""
-        if rate <= 0:
-            self._at = None
-            return None
-        capacity = max(1.0, rate)
-        if self._at is None:
-            self._tokens = capacity
-        else:
-            self._tokens = min(capacity, self._tokens + (now - self._at) * rate)
-        self._at = now
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
-            return None
-        return (1.0 - self._tokens) / rate
-
-
-def _stable_uuid(kind: str, name: str) -> str:
-    """Default resources keep their ids from run to run, in the dashed form Nova checks for."""
-    return str(uuid.UUID(stable_id(kind, name)))
 
 
 class CannotListen(Exception):
@@ -474,16 +439,25 @@ def run_sim(
     stop: threading.Event | None = None,
     *,
     delete_seconds: float = 0.0,
+    regions: tuple[str, ...] = (),
+    cloud_name: str = CLOUD_NAME,
 ) -> None:
     """Serve a simulated OpenStack until interrupted (Ctrl-C, SIGTERM) or ``stop`` is set.
 
     Servers stay BUILD for ``build_seconds`` and, once deleted, ACTIVE with task_state
-    ``deleting`` for ``delete_seconds``. Prints the Keystone URL on stdout, and writes the
-    ``osas-sim`` clouds.yaml entry if asked.
+    ``deleting`` for ``delete_seconds``. ``regions`` (RegionOne alone by default) each have
+    a Nova of their own behind the one Keystone. Prints the Keystone URL on stdout, and writes
+    the ``cloud_name`` clouds.yaml entry (in the first region) if asked.
     """
     stop = stop or threading.Event()
-    nova = FakeNova(build_seconds=build_seconds, delete_seconds=delete_seconds)
-    simulator = SimulatedOpenStack(nova, port=port)
+
+    def nova() -> FakeNova:
+        return FakeNova(build_seconds=build_seconds, delete_seconds=delete_seconds)
+
+    first, *others = regions or ("RegionOne",)
+    simulator = SimulatedOpenStack(nova(), port=port, region=first)
+    for region in others:
+        simulator.add_region(region, nova())
     try:
         simulator.start()
     except OSError as exc:
@@ -492,11 +466,11 @@ def run_sim(
         with _stop_on_sigterm(stop):
             if clouds_yaml is not None:
                 try:
-                    simulator.write_clouds_yaml(clouds_yaml)
+                    simulator.write_clouds_yaml(clouds_yaml, cloud_name)
                 except (OSError, ValueError) as exc:
                     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
                     raise CloudsYamlUnwritable(f"cannot write {clouds_yaml}: {reason}") from exc
-            print(describe(simulator, clouds_yaml), flush=True)  # noqa: T201 - the CLI's output
+            print(describe(simulator, clouds_yaml, cloud_name), flush=True)  # noqa: T201 - the CLI's output
             with contextlib.suppress(KeyboardInterrupt):
                 while not stop.wait(0.2):
                     pass
@@ -504,7 +478,9 @@ def run_sim(
         simulator.stop()
 
 
-def describe(simulator: SimulatedOpenStack, clouds_yaml: Path | None) -> str:
+def describe(
+    simulator: SimulatedOpenStack, clouds_yaml: Path | None, cloud_name: str = CLOUD_NAME
+) -> str:
     """What ``osas sim`` tells a person: where it is, how to reach it, what it offers."""
     nova = simulator.nova
     flavors = ", ".join(
@@ -512,7 +488,7 @@ def describe(simulator: SimulatedOpenStack, clouds_yaml: Path | None) -> str:
     )
     lines = [
         f"osas sim: keystone at {simulator.auth_url}",
-        f"  cloud name: {CLOUD_NAME}"
+        f"  cloud name: {cloud_name}"
         + (
             f" (written to {clouds_yaml}; OS_CLIENT_CONFIG_FILE={clouds_yaml})"
             if clouds_yaml
@@ -530,6 +506,9 @@ def describe(simulator: SimulatedOpenStack, clouds_yaml: Path | None) -> str:
         f"  server groups: {', '.join(g.name for g in simulator.server_groups())}",
         f"  control API: {simulator.base_url}/_sim/ (GET it: faults, quota, servers...)",
     ]
+    if len(simulator.regions) > 1:
+        lines.insert(2, f"  regions: {', '.join(simulator.regions)} (each its own Nova)")
+        lines.append(f"  other regions' control APIs: {simulator.base_url}/regions/<name>/_sim/")
     return "\n".join(lines)
 
 
