@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from typing import TextIO
 
 import anyio
 import grpc
@@ -168,17 +171,28 @@ def test_check_config_waits_for_a_cloud_that_is_still_starting(tmp_path):
     assert "all resources found" in out
 
 
-def test_sim_command_serves_and_writes_clouds_yaml(tmp_path, monkeypatch):
-    clouds = tmp_path / "clouds.yaml"
+@contextlib.contextmanager
+def osas_sim(*arguments: str) -> Iterator[TextIO]:
+    """`osas sim` with ``arguments`` running; what it says on stdout; SIGTERM at the end."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "osas", "sim", "--port", "0", "--clouds-yaml", str(clouds)],
+        [sys.executable, "-m", "osas", "sim", *arguments],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
     )
+    assert process.stdout is not None
     try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
+        yield process.stdout
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=20)
+        process.stdout.close()
+
+
+def test_sim_command_serves_and_writes_clouds_yaml(tmp_path, monkeypatch):
+    clouds = tmp_path / "clouds.yaml"
+    with osas_sim("--port", "0", "--clouds-yaml", str(clouds)) as said:
+        line = said.readline()
         assert "http://127.0.0.1:" in line
         auth_url = line.split()[-1]
         entry = yaml.safe_load(clouds.read_text())["clouds"]["osas-sim"]
@@ -187,26 +201,16 @@ def test_sim_command_serves_and_writes_clouds_yaml(tmp_path, monkeypatch):
         conn = openstack.connect(cloud="osas-sim")
         assert any(f.name == "m1.small" for f in conn.compute.flavors())
         conn.close()
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=20)
-        assert process.stdout is not None
-        process.stdout.close()
 
 
 def test_sim_command_serves_regions_and_names_its_cloud(tmp_path, monkeypatch):
     """`osas sim --region A --region B --cloud-name NAME`: one Keystone, a Nova per region,
     the clouds.yaml entry under NAME in the first region; a server made in B is not in A."""
     clouds = tmp_path / "clouds.yaml"
-    command = [sys.executable, "-m", "osas", "sim", "--clouds-yaml", str(clouds)]
-    command += ["--region", "North", "--region", "South", "--cloud-name", "private"]
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-    )
-    try:
-        assert process.stdout is not None
-        said = [process.stdout.readline() for _ in range(3)]
-        assert "regions: North, South (each its own Nova)" in said[2]
+    regions = ["--region", "North", "--region", "South", "--cloud-name", "private"]
+    with osas_sim("--clouds-yaml", str(clouds), *regions) as said:
+        lines = [said.readline() for _ in range(3)]
+        assert "regions: North, South (each its own Nova)" in lines[2]
         entry = yaml.safe_load(clouds.read_text())["clouds"]["private"]
         assert entry["region_name"] == "North"
         monkeypatch.setenv("OS_CLIENT_CONFIG_FILE", str(clouds))
@@ -224,11 +228,6 @@ def test_sim_command_serves_regions_and_names_its_cloud(tmp_path, monkeypatch):
         finally:
             north.close()
             south.close()
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=20)
-        assert process.stdout is not None
-        process.stdout.close()
 
 
 async def test_osas_certs_make_a_working_mtls_pair(tmp_path):
