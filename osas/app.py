@@ -38,7 +38,9 @@ from osas.cloud.port import Cloud
 from osas.config import (
     ConfigError,
     OsasConfig,
+    Place,
     load_config,
+    places_of,
     reloaded,
     restart_only_changes,
     startup_summary,
@@ -104,18 +106,36 @@ def openstack_cloud(
     registry: CollectorRegistry | None = None,
     *,
     request_timeout: float | None = None,
+    place: Place | None = None,
 ) -> Cloud:
     """The cloud osas runs against: OpenStack through openstacksdk (tests hand ``App`` a fake
-    of their own). With a registry, its requests are counted there (the app's). With
-    ``request_timeout``, each request waits at most that long (or ``openstack.api_timeout``
-    when shorter) and is sent once: a check that answers soon, whatever the cloud does."""
+    of their own); the top-level ``openstack`` block's, or ``place``'s. With a registry, its
+    requests are counted there (the app's). With ``request_timeout``, each request waits at
+    most that long (or ``openstack.api_timeout`` when shorter) and is sent once: a check that
+    answers soon, whatever the cloud does."""
     metrics = CloudMetrics(registry) if registry is not None else None
-    settings = config.openstack_settings()
+    settings = config.openstack_settings() if place is None else place.settings
     if request_timeout is not None:
         settings = dataclasses.replace(
             settings, api_timeout=min(settings.api_timeout, request_timeout), attempts=1
         )
     return OpenStackCloud(settings, metrics=metrics)
+
+
+def check_served_places(config: OsasConfig) -> None:
+    """Raise ConfigError when the node groups live in more than one place: check-config
+    checks each, but this release's engine keeps one cloud and region."""
+    places = places_of(config)
+    if len(places) == 1:
+        return
+    where = "; ".join(
+        f"{place}: {', '.join(place.group_ids) or 'no node group'}" for place in places
+    )
+    raise ConfigError(
+        f"the node groups live in {len(places)} places ({where}): osas check-config checks "
+        "each of them, but osas serve runs the node groups of one cloud and region, the "
+        "top-level openstack block's; give the groups no openstack block of their own"
+    )
 
 
 def join_tokens_for(config: OsasConfig, made: JoinTokens | None) -> JoinTokens | None:
@@ -162,6 +182,7 @@ class App:
         registry: CollectorRegistry | None = None,
         config_path: Path | None = None,
     ) -> None:
+        check_served_places(config)
         self.config = config
         # Watched for changes (and re-read on SIGHUP): the node groups reload without a restart.
         self.config_path = config_path
@@ -350,6 +371,7 @@ class App:
         self._config_digest = digest
         try:
             new = load_config(path)
+            check_served_places(new)
             # A first group that mints join tokens needs the Kubernetes API from now on.
             self.join_tokens = join_tokens_for(new, self.join_tokens)
         except ConfigError as exc:

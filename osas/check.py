@@ -18,7 +18,7 @@ import anyio
 from osas.app import join_tokens_for
 from osas.cloud.errors import CloudError
 from osas.cloud.port import VERIFY_WAITS_FOR, Cloud, Reference
-from osas.config import ConfigError, OsasConfig
+from osas.config import ConfigError, OsasConfig, Place
 from osas.domain.quota import QuotaBook
 from osas.domain.servers import Flavor
 from osas.domain.specs import NodeGroupSpec
@@ -120,10 +120,24 @@ async def reach_cloud(cloud: Cloud, wait: float) -> str:
         await anyio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
-async def check_cloud(config: OsasConfig, cloud: Cloud, out: Report, *, wait: float = 0.0) -> int:
+async def check_cloud(
+    config: OsasConfig,
+    cloud: Cloud,
+    out: Report,
+    *,
+    wait: float = 0.0,
+    place: Place | None = None,
+) -> int:
     """Print one row per resource each node group names; 0 when all are found, 1 when some are
-    not, 3 when the cloud cannot be used at all."""
+    not, 3 when the cloud cannot be used at all. With ``place``, the groups that live there,
+    under a line saying which place it is."""
     groups = config.cluster_spec().node_groups
+    section = "cloud"
+    if place is not None:
+        groups = tuple(spec for spec in groups if spec.group_id in place.group_ids)
+        section = f"cloud {place.cloud} region {place.region or '(default)'}"
+        names = ", ".join(place.group_ids) or "none; the top-level openstack block's"
+        out.write(f"place: {place} (node groups: {names})\n")
     try:
         described = await _reach_saying_so(cloud, out, wait)
         rows: list[tuple[str, Reference]] = []
@@ -131,11 +145,11 @@ async def check_cloud(config: OsasConfig, cloud: Cloud, out: Report, *, wait: fl
             rows += [(spec.group_id, ref) for ref in await cloud.resolve(spec)]
         headroom = await _headroom_rows(cloud, groups)
     except CloudError as exc:
-        out.problem("cloud", f"the cloud cannot be used: {exc}")
+        out.problem(section, f"the cloud cannot be used: {exc}")
         return EXIT_CLOUD
     finally:
         await cloud.close()
-    out.write(f"cloud: {described}\n\n")
+    out.write(f"{section}: {described}\n\n")
     table = [("NODE GROUP", "KIND", "NAME", "RESULT")] + [
         (group, ref.kind, ref.name, f"ok ({ref.resource_id})" if ref.found else "NOT FOUND")
         for group, ref in rows
@@ -152,7 +166,8 @@ async def check_cloud(config: OsasConfig, cloud: Cloud, out: Report, *, wait: fl
             out.write(f"quota: {resource} cannot be read ({reason}); it bounds nothing\n")
     missing = [(group, ref) for group, ref in rows if not ref.found]
     out.problems.extend(
-        f"cloud: node group {group!r}: {ref.kind} {ref.name!r} not found" for group, ref in missing
+        f"{section}: node group {group!r}: {ref.kind} {ref.name!r} not found"
+        for group, ref in missing
     )
     out.write(f"\n{len(missing)} problem(s)\n" if missing else "\nall resources found\n")
     return EXIT_FAILED if missing else EXIT_OK
@@ -305,13 +320,25 @@ async def check_join_tokens(config: OsasConfig, out: Report) -> int:
     return EXIT_FAILED if problems else EXIT_OK
 
 
-async def check_config(config: OsasConfig, cloud: Cloud, out: Report, *, wait: float = 0.0) -> int:
-    """Every check, every problem reported; the exit code of the first that failed. ``wait``:
-    see :func:`reach_cloud`."""
+async def check_config(
+    config: OsasConfig,
+    clouds: Sequence[tuple[Place, Cloud]],
+    out: Report,
+    *,
+    wait: float = 0.0,
+) -> int:
+    """Every check, every problem reported; the exit code of the first that failed. ``clouds``:
+    a cloud adapter for each place the node groups live in (``places_of``), each checked with
+    the groups that live there. ``wait``: see :func:`reach_cloud`."""
     codes = [
         check_tls(config, out),
         check_user_data(config, out),
         await check_join_tokens(config, out),
-        await check_cloud(config, cloud, out, wait=wait),
     ]
+    several = len(clouds) > 1
+    for place, cloud in clouds:
+        code = await check_cloud(config, cloud, out, wait=wait, place=place if several else None)
+        codes.append(code)
+        if several:
+            out.write("\n")
     return next((code for code in codes if code != EXIT_OK), EXIT_OK)

@@ -11,7 +11,7 @@ import anyio
 from osas.app import openstack_cloud
 from osas.check import CHECK_REQUEST_TIMEOUT, EXIT_OK, Report, check_config
 from osas.cli.exit_codes import EXIT_CONFIG, CommandError
-from osas.config import CONFIG_ENV, ConfigError, load_config
+from osas.config import CONFIG_ENV, ConfigError, load_config, places_of
 from osas.process import configure_logging
 
 
@@ -26,9 +26,12 @@ def run(args: argparse.Namespace) -> int:
         separator = "\n" if "\n" in problems else " "
         raise CommandError(f"configuration error:{separator}{problems}", EXIT_CONFIG) from exc
     # Each request bounded and sent once: it answers soon even against a silent Keystone.
-    cloud = openstack_cloud(config, request_timeout=CHECK_REQUEST_TIMEOUT)
+    clouds = [
+        (place, openstack_cloud(config, request_timeout=CHECK_REQUEST_TIMEOUT, place=place))
+        for place in places_of(config)
+    ]
     report = Report(sys.stdout)
-    code = anyio.run(partial(check_config, wait=args.wait), config, cloud, report)
+    code = anyio.run(partial(check_config, wait=args.wait), config, clouds, report)
     if code != EXIT_OK:
         sys.stdout.flush()  # the rows first: the line on stderr comes last
         raise CommandError(report.summary(), code)

@@ -1,8 +1,9 @@
 """The configuration: its schema (``schema``), how it is read (``loading``), the value classes
-it becomes (``convert``), what a reload may change (``reload``) and the start-up summary
-(``summary``)."""
+it becomes (``convert``), the places its node groups live in (``places``), what a reload may
+change (``reload``) and the start-up summary (``summary``)."""
 
 from osas.config.loading import CONFIG_ENV, ConfigError, load_config
+from osas.config.places import Place, places_of
 from osas.config.reload import RELOADABLE, reloaded, restart_only_changes
 from osas.config.schema import NodeGroupConfig, OsasConfig
 from osas.config.summary import startup_summary
@@ -13,7 +14,9 @@ __all__ = [
     "ConfigError",
     "NodeGroupConfig",
     "OsasConfig",
+    "Place",
     "load_config",
+    "places_of",
     "reloaded",
     "restart_only_changes",
     "startup_summary",

@@ -266,6 +266,37 @@ class OpenStackConfig(_Strict):
         return self
 
 
+class GroupOpenStackConfig(_Strict):
+    """Where a node group lives when it is not where ``openstack`` says: another region of the
+    same cloud (``region_name`` alone), or another cloud (a clouds.yaml entry, or an ``auth``
+    block), with its TLS and interface of its own. The rest (timeouts, pace, attempts) is the
+    top-level block's, applied to each place apart."""
+
+    cloud: str | None = None  # an entry of clouds.yaml
+    auth: OpenStackAuth | None = None
+    region_name: str | None = None
+    interface: Literal["public", "internal", "admin"] | None = None
+    verify: bool | None = None
+    cacert: Path | None = None
+
+    @model_validator(mode="after")
+    def _says_where(self) -> Self:
+        if self.cloud and self.auth:
+            raise ValueError("give either 'cloud' (clouds.yaml) or 'auth', not both")
+        if not (self.cloud or self.auth or self.region_name):
+            raise ValueError(
+                "name the group's cloud ('cloud' or 'auth'), its 'region_name', or both; "
+                "without this block the group lives where 'openstack' says"
+            )
+        other_cloud = bool(self.cloud or self.auth)
+        if not other_cloud and (self.verify is not None or self.cacert or self.interface):
+            raise ValueError(
+                "verify, cacert and interface go with another cloud ('cloud' or 'auth'); "
+                "another region of the same cloud takes them from 'openstack'"
+            )
+        return self
+
+
 class ReconcileConfig(_Strict):
     interval: PositiveDuration = default_duration(ReconcileSettings, "interval")
     full_resync_interval: Duration = default_duration(ReconcileSettings, "full_resync_interval")
@@ -441,6 +472,8 @@ class NodeGroupConfig(_Strict):
     architecture: Literal["amd64", "arm64", "ppc64le", "s390x"] = default_of(
         NodeGroupSpec, "architecture"
     )
+    # Where the group's servers live, when not where the top-level ``openstack`` says.
+    openstack: GroupOpenStackConfig | None = None
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -600,6 +633,10 @@ class OsasConfig(BaseSettings):
             self.metrics_listen
         ).endswith(":0"):
             raise ValueError("metrics_listen must differ from listen and health_listen")
+        # Where the groups live, resolved once here so that a contradiction is refused on load.
+        from osas.config.places import places_of  # noqa: PLC0415 - it reads this very model
+
+        places_of(self)
         seen: dict[str, int] = {}
         for index, group in enumerate(self.node_groups):
             first = seen.setdefault(group.group_id, index)

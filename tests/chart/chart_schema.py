@@ -71,6 +71,9 @@ def chart_config_schema() -> dict[str, Any]:
     }
     schema["required"] = [*schema["required"], *CHART_REQUIRES]
     group = properties["node_groups"]["items"]["properties"]
+    # A group's own place (another region or cloud): osas serve runs one cloud and region in
+    # this release and refuses more; the chart offers the key when serve takes it.
+    del group["openstack"]
     group["user_data_file"] = {"anyOf": [ABSOLUTE, {"type": "null"}]}
     group["user_data_vars"]["additionalProperties"] = ABSOLUTE
     for path, text in DESCRIPTIONS.items():
