@@ -46,7 +46,9 @@ from osas.config import (
     startup_summary,
 )
 from osas.domain.inventory import Inventory
+from osas.domain.promises import Promises
 from osas.domain.servers import OwnershipMarks
+from osas.domain.specs import ClusterSpec
 from osas.election.port import ElectionSetupError, JoinTokens, Leadership, NoElection
 from osas.election.record import PromiseRecord, inherited
 from osas.engine.collector import EngineCollector
@@ -170,6 +172,64 @@ def _leadership(config: OsasConfig) -> Leadership:
     return LeaseElection(config.election_settings())
 
 
+class PlaceEngine:
+    """What keeps the servers of one place (a cloud and region): the cloud adapter that
+    reaches it, the inventory of the node groups living there (snapshot and ledger), the task
+    queue and the workers that send its creates and deletes, the reconciler that lists it,
+    and the controller CA's calls on those groups reach. A place's listing, clock, pace,
+    quota, credentials and doubt window are its own; the election, the promise record, the
+    metrics registry and the gRPC servers are the process's (``App``), which runs one place in
+    this release."""
+
+    def __init__(
+        self,
+        cloud: Cloud,
+        cluster: ClusterSpec,
+        config: OsasConfig,
+        *,
+        leadership: Leadership,
+        metrics: EngineMetrics,
+        join_tokens: JoinTokens | None,
+        keep_promises: Callable[[float], Awaitable[None]] | None,
+        standby: Callable[[], str | None],
+    ) -> None:
+        settings = config.engine_settings()
+        self.cloud = cloud
+        self.inventory = Inventory(cluster, config.ledger_settings())
+        # A standby adopts the writer's servers silently; it writes once elected.
+        self.inventory.ledger.set_writer(not leadership.enabled)
+        self.queue = TaskQueue(settings.queue.capacity)
+        deleter = ServerDeleter(cloud, OwnershipMarks(cluster.cluster_name), leadership.may_write)
+        self.reconciler = Reconciler(
+            cloud,
+            self.inventory,
+            self.queue,
+            settings,
+            leading=leadership.may_write,
+            metrics=metrics,
+        )
+        self.workers = Workers(
+            cloud,
+            self.inventory,
+            self.queue,
+            settings,
+            deleter=deleter,
+            may_write=leadership.may_write,
+            metrics=metrics,
+            join_tokens=join_tokens,
+        )
+        self.controller = Controller(
+            self.inventory,
+            self.queue,
+            self.reconciler,
+            settings,
+            deleter=deleter,
+            keep_promises=keep_promises,
+            standby=standby,
+            metrics=metrics,
+        )
+
+
 class App:
     """One osas process: inventory, queue, workers, reconciler, controller, gRPC servers, and
     the metrics registry every part records into (give the cloud adapter the same one)."""
@@ -188,13 +248,10 @@ class App:
         self.config_path = config_path
         self._config_digest = _digest(config_path)
         self._reload_requested = anyio.Event()
-        self.cloud = cloud
         self.registry = registry if registry is not None else CollectorRegistry()
         cluster = config.cluster_spec()
         settings = config.engine_settings()
         self.settings = settings
-        self.inventory = Inventory(cluster, config.ledger_settings())
-        self.queue = TaskQueue(settings.queue.capacity)
         metrics = EngineMetrics(self.registry, cluster)
         self._engine_metrics = metrics
         self._reloads = Counter(
@@ -209,47 +266,29 @@ class App:
         self.leadership = _leadership(config)
         self.lease_lost = False
         self._first_sync_retry_at: float | None = None  # while the first sync pauses
-        # A standby adopts the writer's servers silently; it writes once elected.
-        self.inventory.ledger.set_writer(not self.leadership.enabled)
-        ledger = self.inventory.ledger
-        self.record = PromiseRecord(
-            self.leadership,
-            ledger.promises,
-            lambda: ledger.promised,
-            clock=anyio.current_time,
-        )
-        deleter = ServerDeleter(
-            cloud, OwnershipMarks(cluster.cluster_name), self.leadership.may_write
-        )
-        self.reconciler = Reconciler(
-            cloud,
-            self.inventory,
-            self.queue,
-            settings,
-            leading=self.leadership.may_write,
-            metrics=metrics,
-        )
         self.join_tokens = join_tokens_for(config, None)
-        self.workers = Workers(
+        # Made before the place, whose controller keeps promises through it; it reads the
+        # place's ledger when it writes (``_promises``).
+        self.record = PromiseRecord(
+            self.leadership, self._promises, self._promised, clock=anyio.current_time
+        )
+        self.place = PlaceEngine(
             cloud,
-            self.inventory,
-            self.queue,
-            settings,
-            deleter=deleter,
-            may_write=self.leadership.may_write,
+            cluster,
+            config,
+            leadership=self.leadership,
             metrics=metrics,
             join_tokens=self.join_tokens,
-        )
-        self.controller = Controller(
-            self.inventory,
-            self.queue,
-            self.reconciler,
-            settings,
-            deleter=deleter,
             keep_promises=self.record.keep if self.leadership.enabled else None,
             standby=self._standby,
-            metrics=metrics,
         )
+        # The place's parts, by the names the rest of the app (and its tests) use.
+        self.cloud = cloud
+        self.inventory = self.place.inventory
+        self.queue = self.place.queue
+        self.reconciler = self.place.reconciler
+        self.workers = self.place.workers
+        self.controller = self.place.controller
         server_settings = config.server_settings()
         self.server = ProviderServer(self.controller, server_settings, registry=self.registry)
         self._last_reload: ReloadOutcome | None = None
@@ -309,6 +348,12 @@ class App:
         register_build_info(registry, __version__)
         ProcessCollector(registry=registry)
         GCCollector(registry=registry)
+
+    def _promises(self) -> Promises:
+        return self.inventory.ledger.promises()
+
+    def _promised(self) -> int:
+        return self.inventory.ledger.promised
 
     def _leadership_status(self) -> dict[str, object]:
         """The election's status, with the entries of the promise record last written."""
