@@ -41,6 +41,7 @@ class FakeCloud:
 
     nova: FakeNova = field(default_factory=FakeNova)
     seed: int = 0
+    region_name: str = ""  # what ``region`` answers: the fake names none unless told
     _random: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
@@ -155,6 +156,9 @@ class FakeCloud:
 
     def retrying(self) -> str | None:
         return None  # the fake fails a call at once, never tries it again
+
+    def region(self) -> str:
+        return self.region_name
 
     async def resolve(self, spec: NodeGroupSpec) -> list[Reference]:
         """Only flavors are modelled here; every other name is taken as found."""

@@ -19,6 +19,8 @@ from support import (
     write_config,
 )
 
+from osas.cloud.openstack import OpenStackCloud
+from osas.cloud.openstack_settings import OpenStackSettings
 from osas.config import load_config
 from osas.domain.inventory import Instance, InstanceState
 from osas.domain.limits import MAX_GROUP_SIZE
@@ -26,6 +28,7 @@ from osas.domain.servers import ErrorClass, ErrorInfo
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.protocol import k8s_pb2 as k8s
 from osas.service.translate import instance
+from osas.sim import CLOUD_NAME, SimulatedOpenStack
 from osas.sim.model import FakeNova
 
 GIB = 1024**3
@@ -85,7 +88,25 @@ async def test_template_of_plain_group_has_its_labels_and_no_gpu(ca):
     assert "nvidia.com/gpu" not in node.status.capacity
     assert node.metadata.labels["pool"] == "workers"
     assert "topology.kubernetes.io/zone" not in node.metadata.labels
+    assert "topology.kubernetes.io/region" not in node.metadata.labels  # the fake names none
     assert not node.spec.taints
+
+
+async def test_the_template_is_in_the_region_the_cloud_resolves(tmp_path, monkeypatch):
+    """cloud-provider-openstack labels every node with its OpenStack region: the template
+    carries the region osas's cloud resolves, here from the clouds.yaml entry alone (osas's
+    configuration names none), so that a pod bound to a region scales a group up from zero."""
+    with SimulatedOpenStack(FakeNova(), region="North") as sim:
+        clouds = tmp_path / "clouds.yaml"
+        sim.write_clouds_yaml(clouds)
+        monkeypatch.setenv("OS_CLIENT_CONFIG_FILE", str(clouds))
+        cloud = OpenStackCloud(OpenStackSettings(cloud=CLOUD_NAME, backoff=0.01))
+        async with (
+            running(make_config(tmp_path), cloud) as provider,
+            ca_client(provider.address) as ca,
+        ):
+            labels = decode((await ca.template("workers")).nodeBytes).metadata.labels
+        assert labels["topology.kubernetes.io/region"] == "North"
 
 
 def ca_defaults(*, legacy: bool) -> pb.NodeGroupAutoscalingOptions:

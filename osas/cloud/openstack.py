@@ -556,6 +556,7 @@ class OpenStackCloud:
         self._secrets = settings.auth.secrets() if settings.auth else ()
         self._connect = connect or self._default_connect
         self._shared: openstack.connection.Connection | None = None
+        self._region = ""  # resolved with the first connection
         self._shared_lock = threading.Lock()
         self._threads = DaemonThreads(settings.concurrency, "osas-openstack")
         self._create_threads = DaemonThreads(settings.concurrency, "osas-openstack-create")
@@ -634,6 +635,7 @@ class OpenStackCloud:
                     "openstack.cloud or the file"
                 ) from None
             raise CloudConfigurationError(f"{exc}: fix {self._source}") from None
+        self._region = region.region_name or ""
         return openstack.connection.Connection(config=region)
 
     def _new_connection(self) -> openstack.connection.Connection:
@@ -864,6 +866,9 @@ class OpenStackCloud:
 
     def retrying(self) -> str | None:
         return next(reversed(self._retrying.values()), None)
+
+    def region(self) -> str:
+        return self._region
 
     # -- the port ---------------------------------------------------------------------------------
 

@@ -134,6 +134,12 @@ class Cloud(Protocol):
         one is: a sync that has not failed yet may already be failing."""
         ...
 
+    def region(self) -> str:
+        """The region the adapter reaches, as its configuration resolves it (osas's, a
+        clouds.yaml entry's, OS_REGION_NAME); "" until ``verify`` has resolved it, and for a
+        cloud that names none."""
+        ...
+
     async def verify(self) -> str:
         """Check that the cloud can be used as osas needs it; a short description of it.
         Raises ``CloudConfigurationError`` when it cannot (e.g. a compute microversion < 2.52)."""

@@ -42,6 +42,9 @@ class Inventory:
         self.snapshot = Snapshot()
         self.ledger = Ledger(cluster, self.snapshot, settings)
         self.quota = QuotaBook()
+        # The region its servers live in, as the cloud resolved it at its check ("" before,
+        # or for a cloud that names none): the scale-from-zero templates carry it.
+        self.region = ""
         self._headrooms: dict[str, GroupHeadroom] = {}
         self._headroom_key = (-1, -1)
         self._headroom_cluster: ClusterSpec | None = None

@@ -12,6 +12,7 @@ LABEL_ARCH = "kubernetes.io/arch"
 LABEL_HOSTNAME = "kubernetes.io/hostname"
 LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
 LABEL_ZONE = "topology.kubernetes.io/zone"
+LABEL_REGION = "topology.kubernetes.io/region"
 # Older schedulers and node selectors still use the beta names; real kubelets set both.
 LABEL_BETA_OS = "beta.kubernetes.io/os"
 LABEL_BETA_ARCH = "beta.kubernetes.io/arch"
@@ -29,8 +30,12 @@ class NodeTemplate:
     architecture: str
 
 
-def build_template(cluster: ClusterSpec, spec: NodeGroupSpec, flavor: Flavor) -> NodeTemplate:
-    """The node a server of ``spec`` would register as, built from its flavor and config."""
+def build_template(
+    cluster: ClusterSpec, spec: NodeGroupSpec, flavor: Flavor, *, region: str = ""
+) -> NodeTemplate:
+    """The node a server of ``spec`` would register as, built from its flavor and config; in
+    ``region`` (the OpenStack region, which cloud-provider-openstack puts on every node it
+    initialises, as it puts the availability zone), when known."""
     name = f"{cluster.cluster_name}-{spec.group_id}-template"
     disk_gib = spec.boot_volume.size_gib if spec.boot_volume else flavor.disk_gib
     capacity = {
@@ -50,6 +55,8 @@ def build_template(cluster: ClusterSpec, spec: NodeGroupSpec, flavor: Flavor) ->
     }
     if spec.availability_zone:
         labels[LABEL_ZONE] = spec.availability_zone
+    if region:
+        labels[LABEL_REGION] = region
     if spec.gpu is not None:
         capacity[spec.gpu.resource] = str(spec.gpu.count)
         labels[cluster.gpu_label] = spec.gpu.type

@@ -312,10 +312,11 @@ class NodeGroupView:
 
     def template(self) -> NodeTemplate:
         spec = self.spec
-        flavor = self._controller.inventory.flavor(spec.group_id)
+        inventory = self._controller.inventory
+        flavor = inventory.flavor(spec.group_id)
         if flavor is None:
             raise NotSupported(f"flavor {spec.flavor!r} of node group {spec.group_id!r} is unknown")
-        return build_template(self._controller.cluster, spec, flavor)
+        return build_template(self._controller.cluster, spec, flavor, region=inventory.region)
 
     def options(self, defaults: AutoscalingOptions) -> AutoscalingOptions:
         return group_options(defaults, self.spec.options)

@@ -321,7 +321,9 @@ class Reconciler:
         """The cloud checked before the first sync (``Cloud.verify``); its failure counts as
         a failed sync, so that /status and the metrics show why the first one is not done."""
         with self._attempt(VERIFY_WAITS_FOR, full=True):
-            return await self._cloud.verify()
+            described = await self._cloud.verify()
+        self._inventory.region = self._cloud.region()
+        return described
 
     def retrying(self) -> str | None:
         """Why the sync in progress is trying a request again, while it is (its failure comes
