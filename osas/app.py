@@ -22,23 +22,26 @@ import dataclasses
 import gc
 import hashlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import anyio
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, GCCollector, ProcessCollector
+from structlog.contextvars import bind_contextvars
 
 from osas import __version__
 from osas.cloud.errors import CloudConfigurationError, CloudError
-from osas.cloud.metrics import CloudMetrics
+from osas.cloud.metrics import CloudMetrics, PlaceCloudMetrics
 from osas.cloud.openstack import OpenStackCloud
 from osas.cloud.port import Cloud
 from osas.config import (
     ConfigError,
     OsasConfig,
     Place,
+    PlaceKey,
     load_config,
     places_of,
     reloaded,
@@ -56,9 +59,16 @@ from osas.engine.controller import Controller
 from osas.engine.deletes import ServerDeleter
 from osas.engine.events import carry_out
 from osas.engine.metrics import EngineMetrics
+from osas.engine.places import PlacesController
 from osas.engine.queue import TaskQueue
 from osas.engine.reconciler import Reconciler
-from osas.engine.status import Census, ReloadOutcome, StatusSources, build_status
+from osas.engine.status import (
+    PlaceSources,
+    ReloadOutcome,
+    StatusSources,
+    build_status,
+    refresh_census,
+)
 from osas.engine.workers import Workers
 from osas.service.metrics import ServiceCollector, register_build_info
 from osas.service.ops_server import OperationsServer
@@ -111,12 +121,28 @@ def openstack_cloud(
     place: Place | None = None,
 ) -> Cloud:
     """The cloud osas runs against: OpenStack through openstacksdk (tests hand ``App`` a fake
-    of their own); the top-level ``openstack`` block's, or ``place``'s. With a registry, its
-    requests are counted there (the app's). With ``request_timeout``, each request waits at
-    most that long (or ``openstack.api_timeout`` when shorter) and is sent once: a check that
-    answers soon, whatever the cloud does."""
-    metrics = CloudMetrics(registry) if registry is not None else None
-    settings = config.openstack_settings() if place is None else place.settings
+    of their own); the top-level ``openstack`` block's place, or ``place``. With a registry,
+    its requests are counted there (the app's). With ``request_timeout``, each request waits
+    at most that long (or ``openstack.api_timeout`` when shorter) and is sent once: a check
+    that answers soon, whatever the cloud does."""
+    place = place or places_of(config)[0]
+    metrics = CloudMetrics(registry).at(*place.key) if registry is not None else None
+    return _cloud_at(place, metrics, request_timeout)
+
+
+def openstack_clouds(config: OsasConfig, registry: CollectorRegistry) -> dict[PlaceKey, Cloud]:
+    """A cloud adapter for each place ``osas serve`` runs (``served_places``), their requests
+    counted in ``registry`` by cloud and region."""
+    metrics = CloudMetrics(registry)
+    return {
+        place.key: _cloud_at(place, metrics.at(*place.key), None) for place in served_places(config)
+    }
+
+
+def _cloud_at(
+    place: Place, metrics: PlaceCloudMetrics | None, request_timeout: float | None
+) -> Cloud:
+    settings = place.settings
     if request_timeout is not None:
         settings = dataclasses.replace(
             settings, api_timeout=min(settings.api_timeout, request_timeout), attempts=1
@@ -124,20 +150,39 @@ def openstack_cloud(
     return OpenStackCloud(settings, metrics=metrics)
 
 
-def check_served_places(config: OsasConfig) -> None:
-    """Raise ConfigError when the node groups live in more than one place: check-config
-    checks each, but this release's engine keeps one cloud and region."""
+def served_places(config: OsasConfig) -> tuple[Place, ...]:
+    """The places ``osas serve`` keeps: each where node groups live (the top-level block's
+    alone when it has them all; check-config also checks a top-level place left empty)."""
     places = places_of(config)
-    if len(places) == 1:
-        return
-    where = "; ".join(
-        f"{place}: {', '.join(place.group_ids) or 'no node group'}" for place in places
-    )
-    raise ConfigError(
-        f"the node groups live in {len(places)} places ({where}): osas check-config checks "
-        "each of them, but osas serve runs the node groups of one cloud and region, the "
-        "top-level openstack block's; give the groups no openstack block of their own"
-    )
+    return tuple(place for place in places if place.group_ids) or places[:1]
+
+
+def _restricted(cluster: ClusterSpec, place: Place) -> ClusterSpec:
+    """The cluster as one place's engine sees it: the groups living there."""
+    groups = tuple(spec for spec in cluster.node_groups if spec.group_id in place.group_ids)
+    return dataclasses.replace(cluster, node_groups=groups)
+
+
+def _without_groups(cluster: ClusterSpec) -> ClusterSpec:
+    return dataclasses.replace(cluster, node_groups=())
+
+
+def check_layout(before: OsasConfig, after: OsasConfig) -> None:
+    """Raise ConfigError when a reload cannot apply ``after``'s places: a group that moves to
+    another place, or a place osas does not run yet (both need a restart)."""
+    running = {place.key for place in served_places(before)}
+    was = {group: place.key for place in places_of(before) for group in place.group_ids}
+    for place in served_places(after):
+        if place.key not in running:
+            raise ConfigError(
+                f"node groups {list(place.group_ids)} live in {place}, a place osas does not "
+                "run yet: restart osas to apply it"
+            )
+        for group in place.group_ids:
+            if was.get(group, place.key) != place.key:
+                raise ConfigError(
+                    f"node group {group!r} moves to {place}: restart osas to apply it"
+                )
 
 
 def join_tokens_for(config: OsasConfig, made: JoinTokens | None) -> JoinTokens | None:
@@ -178,11 +223,12 @@ class PlaceEngine:
     queue and the workers that send its creates and deletes, the reconciler that lists it,
     and the controller CA's calls on those groups reach. A place's listing, clock, pace,
     quota, credentials and doubt window are its own; the election, the promise record, the
-    metrics registry and the gRPC servers are the process's (``App``), which runs one place in
-    this release."""
+    metrics registry and the gRPC servers are the process's (``App``), which runs one engine
+    per place its node groups live in."""
 
     def __init__(
         self,
+        place: Place,
         cloud: Cloud,
         cluster: ClusterSpec,
         config: OsasConfig,
@@ -194,7 +240,10 @@ class PlaceEngine:
         standby: Callable[[], str | None],
     ) -> None:
         settings = config.engine_settings()
+        self.place = place
         self.cloud = cloud
+        self.first_sync_failures = 0  # attempts of the first sync that failed so far
+        self.first_sync_retry_at: float | None = None  # while the first sync pauses
         self.inventory = Inventory(cluster, config.ledger_settings())
         # A standby adopts the writer's servers silently; it writes once elected.
         self.inventory.ledger.set_writer(not leadership.enabled)
@@ -237,12 +286,13 @@ class App:
     def __init__(
         self,
         config: OsasConfig,
-        cloud: Cloud,
+        cloud: Cloud | Mapping[PlaceKey, Cloud],
         *,
         registry: CollectorRegistry | None = None,
         config_path: Path | None = None,
     ) -> None:
-        check_served_places(config)
+        """``cloud``: the cloud of the one place the node groups live in, or a cloud for each
+        place (``openstack_clouds``; ``served_places`` says which)."""
         self.config = config
         # Watched for changes (and re-read on SIGHUP): the node groups reload without a restart.
         self.config_path = config_path
@@ -265,30 +315,47 @@ class App:
             self._reloads.labels(result)
         self.leadership = _leadership(config)
         self.lease_lost = False
-        self._first_sync_retry_at: float | None = None  # while the first sync pauses
         self.join_tokens = join_tokens_for(config, None)
         # Made before the place, whose controller keeps promises through it; it reads the
         # place's ledger when it writes (``_promises``).
         self.record = PromiseRecord(
             self.leadership, self._promises, self._promised, clock=anyio.current_time
         )
-        self.place = PlaceEngine(
-            cloud,
-            cluster,
-            config,
-            leadership=self.leadership,
-            metrics=metrics,
-            join_tokens=self.join_tokens,
-            keep_promises=self.record.keep if self.leadership.enabled else None,
-            standby=self._standby,
+        places = served_places(config)
+        clouds = cloud if isinstance(cloud, Mapping) else {places[0].key: cloud}
+        if len(places) > 1 and set(clouds) != {place.key for place in places}:
+            raise ValueError(f"a cloud for each of {[str(place) for place in places]}")
+        self.places = [
+            PlaceEngine(
+                place,
+                clouds[place.key],
+                _restricted(cluster, place),
+                config,
+                leadership=self.leadership,
+                metrics=metrics,
+                join_tokens=self.join_tokens,
+                keep_promises=self.record.keep if self.leadership.enabled else None,
+                standby=self._standby,
+            )
+            for place in places
+        ]
+        # The first place's parts, by the names the rest of the app (and its tests) use; the
+        # only ones where the node groups live in one place.
+        first = self.places[0]
+        self.cloud = first.cloud
+        self.inventory = first.inventory
+        self.queue = first.queue
+        self.reconciler = first.reconciler
+        self.workers = first.workers
+        self.controller: Controller | PlacesController = (
+            first.controller
+            if len(self.places) == 1
+            else PlacesController(
+                [engine.controller for engine in self.places],
+                [str(engine.place) for engine in self.places],
+                standby=self._standby,
+            )
         )
-        # The place's parts, by the names the rest of the app (and its tests) use.
-        self.cloud = cloud
-        self.inventory = self.place.inventory
-        self.queue = self.place.queue
-        self.reconciler = self.place.reconciler
-        self.workers = self.place.workers
-        self.controller = self.place.controller
         server_settings = config.server_settings()
         self.server = ProviderServer(self.controller, server_settings, registry=self.registry)
         self._last_reload: ReloadOutcome | None = None
@@ -304,10 +371,12 @@ class App:
         self._status_sources = StatusSources(
             version=__version__,
             config_file=None if config_path is None else str(config_path),
-            inventory=self.inventory,
-            queue=self.queue,
-            reconciler=self.reconciler,
-            census=Census(self.inventory),
+            places=tuple(
+                PlaceSources.of(
+                    *engine.place.key, engine.inventory, engine.queue, engine.reconciler
+                )
+                for engine in self.places
+            ),
             workers=settings.queue.workers,
             clock=anyio.current_time,
             readiness=self.readiness,
@@ -323,7 +392,7 @@ class App:
                 self.registry,
                 readiness=self.readiness,
                 status=self.status,
-                prepare=self._status_sources.census.refresh,
+                prepare=partial(refresh_census, self._status_sources),
             )
             if server_settings.metrics_listen
             else None
@@ -335,10 +404,7 @@ class App:
     def _register_collectors(self) -> None:
         sources, registry = self._status_sources, self.registry
         self._collector = EngineCollector(
-            inventory=self.inventory,
-            queue=self.queue,
-            reconciler=self.reconciler,
-            census=sources.census,
+            places=sources.places,
             workers=sources.workers,
             clock=anyio.current_time,
             leading=self.leadership.may_write,
@@ -350,10 +416,20 @@ class App:
         GCCollector(registry=registry)
 
     def _promises(self) -> Promises:
-        return self.inventory.ledger.promises()
+        """Every place's promises in one record (a place's ledger takes back its own groups'
+        at a takeover, ``Ledger.inherit``)."""
+        if len(self.places) == 1:
+            return self.inventory.ledger.promises()
+        creates: dict[str, tuple[str, float]] = {}
+        deletes: dict[str, str] = {}
+        for engine in self.places:
+            promises = engine.inventory.ledger.promises()
+            creates.update(promises.creates)
+            deletes.update(promises.deletes)
+        return Promises(creates, deletes)
 
     def _promised(self) -> int:
-        return self.inventory.ledger.promised
+        return sum(engine.inventory.ledger.promised for engine in self.places)
 
     def _leadership_status(self) -> dict[str, object]:
         """The election's status, with the entries of the promise record last written."""
@@ -381,12 +457,23 @@ class App:
         and CA's Service reaches the leader alone through the endpoint the leader publishes."""
         if self._stop.is_set():
             return "shutting down"
-        if not self.inventory.synced:
+        if not any(engine.inventory.synced for engine in self.places):
             return f"first sync with OpenStack not done yet: {self._first_sync_wait()}"
-        refused = self.reconciler.status.credentials_refused
-        if refused is not None:
-            return f"OpenStack refuses osas's credentials: {refused}"
+        refused = [
+            (engine, reason)
+            for engine in self.places
+            if (reason := engine.reconciler.status.credentials_refused) is not None
+        ]
+        if len(refused) == len(self.places):  # one place refusing leaves the others working
+            return "; ".join(
+                f"OpenStack refuses osas's credentials{self._at(engine)}: {reason}"
+                for engine, reason in refused
+            )
         return self.controller.staleness()
+
+    def _at(self, engine: PlaceEngine) -> str:
+        """`` in <place>`` where the node groups live in several places, else nothing."""
+        return f" in {engine.place}" if len(self.places) > 1 else ""
 
     def status(self) -> dict[str, Any]:
         """The /status document."""
@@ -406,7 +493,11 @@ class App:
         "applied", "unchanged" or "rejected" (the configuration in force stays)."""
         # The files OpenStack's credentials come from (a rotated application credential):
         # the adapter watches them itself; on SIGHUP they are read at once.
-        credentials = self.cloud.reload_credentials() if force else []
+        credentials = (
+            [name for engine in self.places for name in engine.cloud.reload_credentials()]
+            if force
+            else []
+        )
         path = self.config_path
         if path is None:
             return "unchanged"
@@ -416,7 +507,7 @@ class App:
         self._config_digest = digest
         try:
             new = load_config(path)
-            check_served_places(new)
+            check_layout(self.config, new)
             # A first group that mints join tokens needs the Kubernetes API from now on.
             self.join_tokens = join_tokens_for(new, self.join_tokens)
         except ConfigError as exc:
@@ -427,7 +518,8 @@ class App:
             self._reloads.labels("rejected").inc()
             self._last_reload = ReloadOutcome(applied=False, at=time.time(), reason=str(exc))
             return "rejected"
-        self.workers.join_tokens = self.join_tokens
+        for engine in self.places:
+            engine.workers.join_tokens = self.join_tokens
         restart_only = restart_only_changes(self.config, new)
         if restart_only:
             logger.warning(
@@ -450,26 +542,46 @@ class App:
 
     async def use_cluster(self, config: OsasConfig) -> None:
         """Apply the reloadable part of ``config``: the flavors of new and changed groups are
-        fetched first (a new group answers NodeGroupTemplateNodeInfo at once), then the
-        ledger takes the new cluster and plans what it means for the work in hand, in one step
-        with no await inside, so no call sees half of it."""
+        fetched first, each in its place (a new group answers NodeGroupTemplateNodeInfo at
+        once), then every place's ledger takes its share of the new cluster and plans what it
+        means for the work in hand, in one step with no await inside, so no call sees half of
+        it. ``layout_change`` has said the places stay as they are."""
         cluster = config.cluster_spec()
-        before = {spec.group_id: spec.flavor for spec in self.inventory.cluster.node_groups}
-        fresh = [spec for spec in cluster.node_groups if before.get(spec.group_id) != spec.flavor]
-        try:
-            flavors = await self.reconciler.flavors_of(fresh)
-        except CloudError as exc:
-            logger.warning("flavors of reloaded node groups not fetched yet", error=str(exc))
-            flavors = [(spec, None) for spec in fresh]
-            self.reconciler.want_flavors(spec.group_id for spec in fresh)
+        groups = {place.key: place for place in places_of(config)}
+        parts = []
+        for engine in self.places:
+            place = groups.get(engine.place.key)
+            share = _restricted(cluster, place) if place is not None else _without_groups(cluster)
+            before = {spec.group_id: spec.flavor for spec in engine.inventory.cluster.node_groups}
+            fresh = [s for s in share.node_groups if before.get(s.group_id) != s.flavor]
+            try:
+                flavors = await engine.reconciler.flavors_of(fresh)
+            except CloudError as exc:
+                logger.warning(
+                    "flavors of reloaded node groups not fetched yet",
+                    error=str(exc),
+                    **self._place_fields(engine),
+                )
+                flavors = [(spec, None) for spec in fresh]
+                engine.reconciler.want_flavors(spec.group_id for spec in fresh)
+            parts.append((engine, share, flavors))
         self.config = reloaded(self.config, config)
-        orders = self.inventory.ledger.use_cluster(cluster, anyio.current_time())
-        for spec, flavor in flavors:
-            self.inventory.snapshot.set_flavor(spec.group_id, flavor)
-        carry_out(orders, self.queue, self._engine_metrics)
+        now = anyio.current_time()
+        for engine, share, flavors in parts:
+            orders = engine.inventory.ledger.use_cluster(share, now)
+            for spec, flavor in flavors:
+                engine.inventory.snapshot.set_flavor(spec.group_id, flavor)
+            carry_out(orders, engine.queue, self._engine_metrics)
         self._engine_metrics.add_groups(cluster)
-        self.workers.report_unfilled_placeholders()
-        self.reconciler.nudge()  # flavors that could not be fetched, and a fresh review
+        for engine in self.places:
+            engine.workers.report_unfilled_placeholders()
+            engine.reconciler.nudge()  # flavors that could not be fetched, and a fresh review
+
+    def _place_fields(self, engine: PlaceEngine) -> dict[str, str]:
+        """The place a log line is about, where the node groups live in several."""
+        if len(self.places) == 1:
+            return {}
+        return {"place": str(engine.place)}
 
     async def run_config_watcher(self) -> None:
         """Reload when the file's content changes (a ConfigMap update swaps a symlink, so the
@@ -484,10 +596,18 @@ class App:
                 self._reloads.labels("unchanged").inc()
 
     def _first_sync_wait(self) -> str:
-        """What the first sync waits for and since when, counted from its first attempt: a
-        cloud that never answers fails an attempt only at its timeout, a refused one at once."""
-        sync, now = self.reconciler.status, anyio.current_time()
-        openstack = self.config.openstack
+        """What the first sync waits for and since when, in each place not synced yet."""
+        waiting = [engine for engine in self.places if not engine.inventory.synced]
+        if len(self.places) == 1:
+            return self._first_sync_wait_of(self.places[0])
+        return "; ".join(f"{e.place}: {self._first_sync_wait_of(e)}" for e in waiting)
+
+    def _first_sync_wait_of(self, engine: PlaceEngine) -> str:
+        """What one place's first sync waits for and since when, counted from its first
+        attempt: a cloud that never answers fails an attempt only at its timeout, a refused
+        one at once."""
+        sync, now = engine.reconciler.status, anyio.current_time()
+        openstack = engine.place.settings
         parts = []
         if sync.failing_since is not None and sync.last_error is not None:
             parts.append(
@@ -495,10 +615,10 @@ class App:
                 f"({sync.consecutive_failures} attempt(s) failed), the last: {sync.last_error}"
             )
         if sync.waiting_for is not None and sync.waiting_since is not None:
-            retrying = self.reconciler.retrying()
+            retrying = engine.reconciler.retrying()
             answer = (
                 f"no answer yet (each request waits up to openstack.api_timeout, "
-                f"{openstack.api_timeout.total_seconds():g}s, and is sent up to "
+                f"{openstack.api_timeout:g}s, and is sent up to "
                 f"openstack.attempts, {openstack.attempts}, times)"
                 if retrying is None
                 else retrying
@@ -507,24 +627,39 @@ class App:
                 f"{'now ' if parts else ''}waiting {now - sync.waiting_since:.0f}s for "
                 f"{sync.waiting_for} from OpenStack: {answer}"
             )
-        elif self._first_sync_retry_at is not None:
-            parts.append(f"next attempt in {max(0.0, self._first_sync_retry_at - now):.0f}s")
+        elif engine.first_sync_retry_at is not None:
+            parts.append(f"next attempt in {max(0.0, engine.first_sync_retry_at - now):.0f}s")
         return "; ".join(parts) or "starting"
 
-    async def _first_sync(self) -> None:
-        """Check the cloud and list it; retried until OpenStack answers. A cloud that cannot be
-        used as configured (credentials, microversion) stops the process instead. While it
-        waits, the log says for what and since when: first after a few seconds, then every
-        half minute."""
+    async def _first_sync(self, background: anyio.abc.TaskGroup) -> None:
+        """Each place checked and listed, all at once, each retried until its OpenStack
+        answers; a cloud that cannot be used as configured (credentials, microversion) stops
+        the process instead. Returns when every place has done it, or when one has and every
+        other has failed once: a place that is down never holds the others, it goes on
+        trying, its groups out of CA's view until it is done (it then starts its reconciler
+        itself). While it waits, the log says for what and since when: first after a few
+        seconds, then every half minute."""
+        settled = anyio.Event()
+
+        def check() -> None:
+            synced = [engine.inventory.synced for engine in self.places]
+            tried = all(e.inventory.synced or e.first_sync_failures for e in self.places)
+            if all(synced) or (any(synced) and tried):
+                settled.set()
+
         async with anyio.create_task_group() as reporting:
-            reporting.start_soon(self._report_first_sync_wait)
-            await self._first_sync_attempts()
+            reporting.start_soon(self._report_first_sync_wait, settled)
+            for engine in self.places:
+                # Not _essential: what ends it (a cloud that cannot be used as configured)
+                # is the startup failure serve reports, not a crash to log with a traceback.
+                background.start_soon(self._first_sync_of, engine, check, background)
+            await settled.wait()
             reporting.cancel_scope.cancel()
 
-    async def _report_first_sync_wait(self) -> None:
+    async def _report_first_sync_wait(self, settled: anyio.Event) -> None:
         began = anyio.current_time()
         await anyio.sleep(_FIRST_SYNC_FIRST_REPORT)
-        while True:
+        while not settled.is_set():
             logger.warning(
                 "still waiting for OpenStack: the first sync is not done",
                 waiting_seconds=round(anyio.current_time() - began),
@@ -532,14 +667,18 @@ class App:
             )
             await anyio.sleep(_FIRST_SYNC_REPORT_EVERY)
 
-    async def _first_sync_attempts(self) -> None:
+    async def _first_sync_of(
+        self, engine: PlaceEngine, check: Callable[[], None], background: anyio.abc.TaskGroup
+    ) -> None:
         delay = self.settings.reconcile.retry_backoff
+        # Every line of this task and of the reconciler it starts says which place it is of.
+        bind_contextvars(**self._place_fields(engine))
         while True:
             begun = anyio.current_time()
             try:
-                described = await self.reconciler.verify_cloud()
+                described = await engine.reconciler.verify_cloud()
                 logger.info("cloud ready", cloud=described)
-                await self.reconciler.reconcile_once(full=True)
+                await engine.reconciler.reconcile_once(full=True)
             except CloudConfigurationError:
                 raise
             except CloudError as exc:
@@ -552,12 +691,17 @@ class App:
                     attempt_seconds=round(now - begun, 1),
                     retry_in=delay,
                 )
-                self._first_sync_retry_at = now + delay
+                engine.first_sync_failures += 1
+                check()
+                engine.first_sync_retry_at = now + delay
                 await anyio.sleep(delay)
-                self._first_sync_retry_at = None
+                engine.first_sync_retry_at = None
                 delay = min(delay * 2, _FIRST_SYNC_MAX_BACKOFF)
             else:
-                logger.info("first sync done", servers=len(self.inventory.snapshot))
+                logger.info("first sync done", servers=len(engine.inventory.snapshot))
+                # Leader or standby, the inventory is kept warm: a standby takes over in step.
+                background.start_soon(_essential, "reconciler", engine.reconciler.run_reconciler)
+                check()
                 return
 
     async def run(self) -> None:
@@ -568,7 +712,8 @@ class App:
             logger.warning(
                 "cloud_backend is retired and ignored: osas runs against OpenStack; remove it"
             )
-        self.workers.report_unfilled_placeholders()
+        for engine in self.places:
+            engine.workers.report_unfilled_placeholders()
         await self.server.start()
         try:
             if self.ops is not None:
@@ -584,7 +729,8 @@ class App:
                 await self.server.close()
                 if self.ops is not None:
                     await self.ops.close()
-                await self.cloud.close()
+                for engine in self.places:
+                    await engine.cloud.close()
         if self.lease_lost:
             raise LeaseLost(
                 "lost the leader lease (another osas took it or made it anew, or the "
@@ -593,12 +739,10 @@ class App:
             )
 
     async def _start_serving(self, background: anyio.abc.TaskGroup) -> None:
-        await self._first_sync()
+        await self._first_sync(background)
         # What exists now (modules, the inventory) lives as long as the process: the garbage
         # collector's full passes skip it, instead of walking it for tens of milliseconds.
         gc.freeze()
-        # Leader or standby, the inventory is kept warm: a standby takes over in step.
-        background.start_soon(_essential, "reconciler", self.reconciler.run_reconciler)
         await self.server.set_warm()
         if self.config_path is not None:
             background.start_soon(_essential, "config watcher", self.run_config_watcher)
@@ -618,8 +762,10 @@ class App:
             )
         await leadership.elected.wait()
         if leadership.enabled:
-            self.inventory.ledger.set_writer(True)
-            self.reconciler.want_complete()  # a standby's inventory had incremental syncs only
+            for engine in self.places:
+                engine.inventory.ledger.set_writer(True)
+                # A standby's inventory had incremental syncs only.
+                engine.reconciler.want_complete()
         self._take_over()
         background.start_soon(_essential, "workers", self._run_workers)
         await self.server.set_serving()
@@ -641,10 +787,12 @@ class App:
         off, a Lease without one or deleted under its holder), creates an earlier osas sent
         may still reach Nova: no scale-up spends headroom until create_doubt_window passes.
         From here on this holder's writes carry its own record."""
-        ledger, now = self.inventory.ledger, anyio.current_time()
+        now = anyio.current_time()
         promises = inherited(self.leadership.previous)
         if promises is not None:
-            carry_out(ledger.inherit(promises, now), self.queue, self._engine_metrics)
+            for engine in self.places:  # each place takes back its own groups' promises
+                orders = engine.inventory.ledger.inherit(promises, now)
+                carry_out(orders, engine.queue, self._engine_metrics)
             logger.info(
                 "took over the previous leader's promise record",
                 creates=len(promises.creates),
@@ -652,7 +800,8 @@ class App:
             )
         elif self.settings.reconcile.hold_after_start:
             window = self.config.reconcile.create_doubt_window.total_seconds()
-            ledger.hold_headroom(now + window)
+            for engine in self.places:
+                engine.inventory.ledger.hold_headroom(now + window)
             logger.warning(
                 "scale-ups held until creates an earlier osas may have sent can no longer "
                 "reach Nova (no promise record to say which); each group's max size is "
@@ -663,15 +812,23 @@ class App:
 
     async def _run_workers(self) -> None:
         try:
-            await self.workers.run_workers()
+            async with anyio.create_task_group() as workers:
+                for engine in self.places:
+                    workers.start_soon(self._run_workers_of, engine)
         finally:
             self._workers_done.set()
+
+    async def _run_workers_of(self, engine: PlaceEngine) -> None:
+        bind_contextvars(**self._place_fields(engine))  # each line says which place
+        await engine.workers.run_workers()
 
     async def _shutdown(self, background: anyio.abc.TaskGroup) -> None:
         grace = self.server_grace
         logger.info("shutting down", grace_seconds=grace)
         self.controller.stop_accepting()
-        dropped = self.workers.drain()
+        dropped: dict[str, int] = {}
+        for engine in self.places:
+            dropped.update(engine.workers.drain())  # each place's groups are its own
         if dropped:
             logger.warning(
                 "queued creates dropped at shutdown; the Cluster Autoscaler asks again",
@@ -690,10 +847,11 @@ class App:
                 if self.serving.is_set():
                     await self._workers_done.wait()
         if scope.cancelled_caught:
+            queues = [engine.queue for engine in self.places]
             logger.error(
                 "shutdown grace over; work abandoned",
-                deletes_not_sent=self.queue.queued_deletes(),
-                tasks_in_flight=self.queue.in_hand_count() - len(self.queue),
+                deletes_not_sent=sum(queue.queued_deletes() for queue in queues),
+                tasks_in_flight=sum(queue.in_hand_count() - len(queue) for queue in queues),
             )
         if self.join_tokens is not None:
             with anyio.CancelScope(shield=True):

@@ -398,7 +398,10 @@ async def test_credentials_that_stay_refused_are_said_once_and_fail_no_create(tm
                             await provider.sync(full=False)
                     await asyncio.sleep(1)
                     reason = app.readiness()
-                    metric = app.registry.get_sample_value("osas_credentials_refused")
+                    cloud, region = app.places[0].place.key
+                    metric = app.registry.get_sample_value(
+                        "osas_credentials_refused", {"cloud": cloud, "region": region}
+                    )
                     while_refused = await ca.nodes("big")
                     made_while_refused = len(ours(sim))
                     sim.identity.refuse_credentials = False

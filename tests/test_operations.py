@@ -92,6 +92,13 @@ async def exposed_names(port: int) -> set[str]:
     return names
 
 
+# The place the adapter reaches, as the cloud metrics label it.
+AT_SIM = {"cloud": "sim", "region": "RegionOne"}
+# The place the engine's metrics label, where the configuration names none: the OS_*
+# environment's cloud, in its default region.
+AT_PLACE = {"cloud": "environment", "region": ""}
+
+
 def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, frozenset(labels.items())), 0.0)
 
@@ -115,7 +122,8 @@ async def start(tmp_path, sim: SimulatedOpenStack, *, wait: bool = True, **overr
     registry, metrics on a free loopback port."""
     registry = CollectorRegistry()
     cloud = OpenStackCloud(
-        settings_for(sim, api_timeout=API_TIMEOUT), metrics=CloudMetrics(registry)
+        settings_for(sim, api_timeout=API_TIMEOUT),
+        metrics=CloudMetrics(registry).at(*AT_SIM.values()),
     )
     config = big_config(tmp_path, metrics_listen="127.0.0.1:0", **overrides)
     provider = Provider(config, cloud, registry=registry)
@@ -134,8 +142,8 @@ def check_fresh(first: Samples) -> None:
     assert value(first, "osas_node_group_max_size", group="big") == 60
     assert value(first, "osas_node_group_target_size", group="big") == 0
     assert ("osas_creates_total", frozenset({("group", "big"), ("result", "created")})) in first
-    assert value(first, "osas_queue_capacity") == 200
-    assert value(first, "osas_inventory_age_seconds") >= 0
+    assert value(first, "osas_queue_capacity", **AT_PLACE) == 200
+    assert value(first, "osas_inventory_age_seconds", **AT_PLACE) >= 0
     assert value(first, "osas_reconcile_duration_seconds_count", kind="full") >= 1
     build = next(key for key in first if key[0] == "osas_build_info")
     assert {"version", "python", "grpcio", "openstacksdk"} <= dict(build[1]).keys()
@@ -163,6 +171,7 @@ async def test_metrics_follow_a_scale_up_a_quota_failure_and_a_scale_down(tmp_pa
                     value(
                         up,
                         "osas_openstack_requests_total",
+                        **AT_SIM,
                         service="compute",
                         operation="create_server",
                         status="ok",
@@ -173,6 +182,7 @@ async def test_metrics_follow_a_scale_up_a_quota_failure_and_a_scale_down(tmp_pa
                     value(
                         up,
                         "osas_openstack_request_duration_seconds_count",
+                        **AT_SIM,
                         service="compute",
                         operation="create_server",
                     )
@@ -208,6 +218,7 @@ async def test_metrics_follow_a_scale_up_a_quota_failure_and_a_scale_down(tmp_pa
                     value(
                         quota,
                         "osas_openstack_requests_total",
+                        **AT_SIM,
                         service="compute",
                         operation="create_server",
                         status="quota",
@@ -256,8 +267,8 @@ async def test_metrics_follow_a_scale_up_a_quota_failure_and_a_scale_down(tmp_pa
                 assert value(down, "osas_inventory_servers", group="big", state="running") == 1
                 assert value(down, "osas_inventory_servers", group="big", state="deleting") == 0
                 assert value(down, "osas_node_group_target_size", group="big") == 1
-                assert value(down, "osas_workers_busy") == 0
-                assert value(down, "osas_queue_depth", kind="delete") == 0
+                assert value(down, "osas_workers_busy", **AT_PLACE) == 0
+                assert value(down, "osas_queue_depth", **AT_PLACE, kind="delete") == 0
                 assert len(ours(sim)) == 1
         finally:
             await provider.stop()
@@ -310,7 +321,7 @@ async def test_healthz_answers_through_an_outage_and_readyz_follows_the_inventor
         assert await fetch(port, "/healthz") == (200, "ok\n")
         samples = await scrape(port)
         assert value(samples, "osas_ready") == 0
-        assert value(samples, "osas_inventory_age_seconds") > 1
+        assert value(samples, "osas_inventory_age_seconds", **AT_PLACE) > 1
         failures = value(samples, "osas_reconcile_failures_total", kind="incremental")
         failures += value(samples, "osas_reconcile_failures_total", kind="full")
         assert failures >= 1
@@ -318,7 +329,7 @@ async def test_healthz_answers_through_an_outage_and_readyz_follows_the_inventor
         document = json.loads((await fetch(port, "/status"))[1])
         assert document["syncs"]["consecutive_failures"] >= 1
         assert document["syncs"]["failing_for_seconds"] > 0
-        assert value(samples, "osas_reconcile_failing_seconds") > 0
+        assert value(samples, "osas_reconcile_failing_seconds", **AT_PLACE) > 0
         screen = render_status(document)
         assert len([line for line in screen.splitlines() if "OpenStack FAILING for" in line]) == 1
         assert screen.count(document["syncs"]["last_error"]) == 1  # said once, not twice
@@ -364,7 +375,7 @@ async def test_an_outage_at_start_shows_its_cause_in_status_readyz_and_metrics(t
         assert cause in text
         samples = await scrape(port)
         assert value(samples, "osas_reconcile_failures_total", kind="full") >= 3
-        assert value(samples, "osas_reconcile_failing_seconds") > 0
+        assert value(samples, "osas_reconcile_failing_seconds", **AT_PLACE) > 0
         result = await asyncio.to_thread(osas_status, f"http://127.0.0.1:{port}")
         assert result.returncode == 1, result.stderr
         assert_status_screen("an unreachable cloud", result.stdout)
@@ -377,7 +388,7 @@ async def test_an_outage_at_start_shows_its_cause_in_status_readyz_and_metrics(t
         syncs = json.loads((await fetch(port, "/status"))[1])["syncs"]
         assert (syncs["consecutive_failures"], syncs["failing_for_seconds"]) == (0, None)
         assert syncs["last_error"] is None
-        assert value(await scrape(port), "osas_reconcile_failing_seconds") == 0
+        assert value(await scrape(port), "osas_reconcile_failing_seconds", **AT_PLACE) == 0
         result = await asyncio.to_thread(osas_status, f"http://127.0.0.1:{port}")
         assert result.returncode == 0, result.stderr
         assert "FAILING" not in result.stdout

@@ -9,17 +9,25 @@ several places at its start and at a reload, saying so; one place keeps working 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import anyio
+import grpc
 import pytest
+import yaml
 from fake_cloud import FakeCloud
-from support import Provider, config_data, write_config
+from prometheus_client import CollectorRegistry
+from support import Provider, ca_client, config_data, eventually, write_config
 
-from osas.app import App, openstack_cloud
+from osas.app import App, PlaceEngine, openstack_cloud, openstack_clouds
 from osas.check import EXIT_CLOUD, EXIT_FAILED, EXIT_OK, Report, check_config
+from osas.cli.status_table import render_status
 from osas.config import ConfigError, load_config, places_of
+from osas.demo.client import CaClient
 from osas.sim import SimulatedOpenStack
 from osas.sim.model import FakeNova
 
@@ -191,32 +199,174 @@ async def test_a_place_that_cannot_be_used_is_said_and_the_others_are_still_chec
     assert "all resources found" in said  # RegionOne's, checked all the same
 
 
-def test_serve_refuses_groups_in_several_places_saying_where_they_live(tmp_path):
+# -- serving groups in two regions ------------------------------------------------------------
+
+
+def two_region_config(tmp_path: Path, private: SimulatedOpenStack, **reconcile: str) -> Path:
+    """workers in RegionOne (the top-level block's place), gpu (made small) in RegionTwo."""
+    data = config_data(openstack={"auth": sim_auth(private), "region_name": "RegionOne"})
+    data["reconcile"].update(reconcile)
+    gpu = data["node_groups"][1]
+    gpu.update(flavor="m1.small", openstack={"region_name": "RegionTwo"})
+    del gpu["availability_zone"]
+    return write_config(tmp_path, data)
+
+
+@contextlib.asynccontextmanager
+async def serving(path: Path) -> AsyncIterator[tuple[Provider, CaClient]]:
+    config = load_config(path)
+    clouds = openstack_clouds(config, CollectorRegistry())
+    provider = Provider(config, clouds, config_path=path)  # type: ignore[arg-type]
+    await provider.start()
+    try:
+        async with ca_client(provider.address) as ca:
+            yield provider, ca
+    finally:
+        await provider.stop()
+
+
+def engine_of(provider: Provider, region: str) -> PlaceEngine:
+    return next(engine for engine in provider.app.places if engine.place.region == region)
+
+
+async def test_groups_in_two_regions_each_scale_in_their_own(tmp_path, two_places):
+    private, south, _ = two_places
+    async with serving(two_region_config(tmp_path, private)) as (provider, ca):
+        assert {g.id for g in await ca.node_groups()} == {"workers", "gpu"}
+        assert [str(e.place).split(", ")[1] for e in provider.app.places] == [
+            "region RegionOne",
+            "region RegionTwo",
+        ]
+        await ca.increase("gpu", 2)
+        await ca.increase("workers", 1)
+        await eventually(
+            lambda: len(south.nova.live_servers()) == 2 and len(private.nova.live_servers()) == 1,
+            what="two servers in RegionTwo, one in RegionOne",
+        )
+        for engine in provider.app.places:
+            await engine.reconciler.reconcile_once(full=True)
+        assert (await ca.target_size("gpu"), await ca.target_size("workers")) == (2, 1)
+        south_ids = {s.server_id for s in south.nova.live_servers()}
+        assert {i.id for i in await ca.nodes("gpu")} == {f"openstack:///{i}" for i in south_ids}
+        # A node of either region is found in its group.
+        some = next(iter(south_ids))
+        assert (await ca.group_for_node("n", f"openstack:///{some}")).id == "gpu"
+        north = private.nova.live_servers()[0].server_id
+        assert (await ca.group_for_node("n", f"openstack:///{north}")).id == "workers"
+        template = await ca.template("gpu")
+        assert b"RegionTwo" in template.nodeBytes  # topology.kubernetes.io/region
+
+
+async def test_a_failing_region_slows_and_fails_nothing_elsewhere(tmp_path, two_places):
+    """RegionTwo answering 503 to every call past its max_inventory_age: Refresh still
+    succeeds (CA's loop goes on), RegionOne's groups scale; RegionTwo's groups answer from
+    what it last listed. Refresh fails only once no region is fresh."""
+    private, south, _ = two_places
+    path = two_region_config(tmp_path, private, interval="1s", max_inventory_age="2s")
+    async with serving(path) as (provider, ca):
+        south.nova.faults.error_rate = 1.0
+        await anyio.sleep(2.5)
+        stale = engine_of(provider, "RegionTwo").controller.staleness()
+        assert stale is not None
+        assert "OpenStack unreachable?" in stale
+        await ca.refresh()
+        assert await ca.target_size("gpu") == 0  # its last listing's, not an error
+        await ca.increase("workers", 2)
+        await eventually(lambda: len(private.nova.live_servers()) == 2, what="RegionOne scales")
+        private.nova.faults.error_rate = 1.0
+        await anyio.sleep(2.5)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await ca.refresh()
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+        said = refused.value.details() or ""
+        assert "region RegionOne: inventory is" in said
+        assert "region RegionTwo: inventory is" in said
+
+
+async def test_a_region_down_at_start_holds_the_other_back_only_until_it_tried(
+    tmp_path, two_places
+):
+    private, south, _ = two_places
+    south.nova.faults.error_rate = 1.0
+    async with serving(two_region_config(tmp_path, private, retry_backoff="0.2s")) as (_, ca):
+        # Serving on RegionOne: RegionTwo's group is out of CA's view until it is listed.
+        assert [g.id for g in await ca.node_groups()] == ["workers"]
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await ca.target_size("gpu")
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+        south.nova.faults.error_rate = 0.0
+        await eventually_async(
+            lambda: _groups(ca), {"workers", "gpu"}, what="RegionTwo listed once it answers"
+        )
+
+
+async def _groups(ca: CaClient) -> set[str]:
+    await ca.refresh()
+    return {g.id for g in await ca.node_groups()}
+
+
+async def eventually_async(get, expected, *, what: str, timeout: float = 10.0) -> None:
+    deadline = anyio.current_time() + timeout
+    while (got := await get()) != expected:
+        assert anyio.current_time() < deadline, f"{what}: {got}"
+        await anyio.sleep(0.1)
+
+
+async def test_a_reload_cannot_move_a_group_to_another_place(tmp_path, two_places):
+    private, _, _ = two_places
+    path = two_region_config(tmp_path, private)
+    async with serving(path) as (provider, _):
+        data = yaml.safe_load(path.read_text())
+        data["node_groups"][0]["openstack"] = {"region_name": "RegionTwo"}
+        write_config(tmp_path, data)
+        assert await provider.app.reload_once() == "rejected"
+        data["node_groups"][0].pop("openstack")
+        data["node_groups"].append({**data["node_groups"][1], "id": "gpu-2"})  # same place
+        write_config(tmp_path, data)
+        assert await provider.app.reload_once() == "applied"
+        engine = engine_of(provider, "RegionTwo")
+        assert [g.group_id for g in engine.inventory.cluster.node_groups] == ["gpu", "gpu-2"]
+
+
+def test_serve_needs_a_cloud_for_each_place(tmp_path):
     config = load_config(
         with_places(tmp_path, {"auth": AUTH, "region_name": "North"}, gpu={"region_name": "South"})
     )
-    with pytest.raises(ConfigError) as refused:
-        App(config, FakeCloud(FakeNova()))
-    said = str(refused.value)
-    assert "the node groups live in 2 places" in said
-    assert "keystone.example:5000/k8s, region North: workers" in said
-    assert "region South: gpu" in said
-    assert "osas check-config checks each of them" in said
+    with pytest.raises(ValueError, match="a cloud for each of"):
+        App(config, {("keystone.example:5000/k8s", "North"): FakeCloud(FakeNova())})
 
 
-async def test_a_reload_into_several_places_is_rejected_and_the_one_place_stays(tmp_path):
-    data = config_data()
-    path = write_config(tmp_path, data)
-    provider = Provider(load_config(path), FakeCloud(FakeNova()), config_path=path)
-    await provider.start()
-    try:
-        data["node_groups"][1]["openstack"] = {"region_name": "South"}
-        write_config(tmp_path, data)
-        assert await provider.app.reload_once() == "rejected"
-        assert len(places_of(provider.app.config)) == 1
-        del data["node_groups"][1]["openstack"]
-        data["node_groups"][1]["max_size"] = 2
-        write_config(tmp_path, data)
-        assert await provider.app.reload_once() == "applied"
-    finally:
-        await provider.stop()
+async def test_status_metrics_and_logs_say_which_place_fails(
+    tmp_path, two_places, caplog, logs_at_debug
+):
+    private, south, _ = two_places
+    async with serving(two_region_config(tmp_path, private, interval="0.3s")) as (provider, _):
+        south.nova.faults.error_rate = 1.0
+        failing = engine_of(provider, "RegionTwo").reconciler.status
+        await eventually(lambda: failing.consecutive_failures >= 1, what="RegionTwo failing")
+        status = provider.app.status()
+        by_region = {place["region"]: place for place in status["places"]}
+        assert by_region["RegionTwo"]["groups"] == ["gpu"]
+        assert "503" in by_region["RegionTwo"]["syncs"]["last_error"]
+        assert by_region["RegionOne"]["syncs"]["last_error"] is None
+        assert {(g["id"], g["region"]) for g in status["groups"]} == {
+            ("workers", "RegionOne"),
+            ("gpu", "RegionTwo"),
+        }
+        screen = render_status(status)
+        assert ", region RegionTwo (gpu): OpenStack FAILING for" in screen
+        assert ", region RegionOne (workers): last sync" in screen
+        registry = provider.app.registry
+        cloud = provider.app.places[0].place.cloud
+        two = {"cloud": cloud, "region": "RegionTwo"}
+        assert registry.get_sample_value("osas_reconcile_failing_seconds", two) > 0
+        one = {"cloud": cloud, "region": "RegionOne"}
+        assert registry.get_sample_value("osas_reconcile_failing_seconds", one) == 0
+        assert registry.get_sample_value("osas_node_group_place", {"group": "gpu", **two}) == 1
+    failed = [
+        record.msg
+        for record in caplog.records
+        if isinstance(record.msg, dict) and record.msg.get("event") == "sync failed"
+    ]
+    assert failed
+    assert all(str(line.get("place")).endswith(", region RegionTwo") for line in failed), failed

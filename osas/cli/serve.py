@@ -14,7 +14,7 @@ import anyio
 import structlog
 from prometheus_client import CollectorRegistry
 
-from osas.app import App, LeaseLost, openstack_cloud
+from osas.app import App, LeaseLost, openstack_clouds
 from osas.cli.exit_codes import (
     EXIT_BIND,
     EXIT_CLOUD,
@@ -86,7 +86,7 @@ async def _serve(config: OsasConfig, path: Path | None = None) -> None:
     # Built inside the event loop: grpc.aio binds its servers to the running loop. One
     # registry for the app and the cloud adapter: both record into it.
     registry = CollectorRegistry()
-    app = App(config, openstack_cloud(config, registry), registry=registry, config_path=path)
+    app = App(config, openstack_clouds(config, registry), registry=registry, config_path=path)
     async with anyio.create_task_group() as group:
         group.start_soon(app.run)
 

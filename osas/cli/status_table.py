@@ -71,17 +71,34 @@ def _writer_lines(status: dict[str, Any]) -> list[str]:
 
 
 def _sync_lines(status: dict[str, Any]) -> list[str]:
-    """The syncs with OpenStack, and while they fail, since when and why."""
-    syncs = status["syncs"]
+    """The syncs with OpenStack, and while they fail, since when and why: one set of lines,
+    or one per place where the node groups live in several, each saying its groups."""
+    places = status.get("places") or []
+    if len(places) <= 1:
+        return _place_sync_lines(status["syncs"], status["inventory_age_seconds"], status, "")
+    lines = []
+    for place in places:
+        where = f"{place['cloud']}, region {place['region'] or '(default)'}"
+        prefix = f"{where} ({', '.join(place['groups'])}): "
+        lines += _place_sync_lines(place["syncs"], place["inventory_age_seconds"], status, prefix)
+    return lines
+
+
+def _place_sync_lines(
+    syncs: dict[str, Any], age: float | None, status: dict[str, Any], prefix: str
+) -> list[str]:
     lines = [
         (
-            f"last sync {_age(status['inventory_age_seconds'])}; {syncs['full']} full, "
+            f"{prefix}last sync {_age(age)}; {syncs['full']} full, "
             f"{syncs['incremental']} incremental, {syncs['failures']} failed"
         )
     ]
     failing = syncs.get("failing_for_seconds")
     if failing is not None:
-        line = f"OpenStack FAILING for {_span(failing)} ({syncs['consecutive_failures']} in a row)"
+        line = (
+            f"{prefix}OpenStack FAILING for {_span(failing)} "
+            f"({syncs['consecutive_failures']} in a row)"
+        )
         error = syncs["last_error"]
         # Before the first sync, the reason osas is not ready says it already.
         said = error and error in (status.get("not_ready_reason") or "")

@@ -42,35 +42,56 @@ def status_of(error: CloudError | None) -> str:
 
 
 class CloudMetrics:
-    """OpenStack requests as the adapter made them (each attempt of a retried call counts)."""
+    """OpenStack requests as the adapters made them (each attempt of a retried call counts),
+    by the cloud and region each adapter reaches: one set of families per registry, a view of
+    them per place (``at``)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.requests = Counter(
             "osas_openstack_requests",
-            "OpenStack API calls made, by service, operation and outcome (ok, or the error "
-            "class: rate_limited, unavailable, quota, rejected, credentials_refused, "
-            "configuration, in_doubt, not_sent, error).",
-            ["service", "operation", "status"],
+            "OpenStack API calls made, by cloud, region, service, operation and outcome (ok, "
+            "or the error class: rate_limited, unavailable, quota, rejected, "
+            "credentials_refused, configuration, in_doubt, not_sent, error).",
+            ["cloud", "region", "service", "operation", "status"],
             registry=registry,
         )
         self.latency = Histogram(
             "osas_openstack_request_duration_seconds",
-            "How long OpenStack API calls took, waiting for a thread included, by service "
-            "and operation.",
-            ["service", "operation"],
+            "How long OpenStack API calls took, waiting for a thread included, by cloud, "
+            "region, service and operation.",
+            ["cloud", "region", "service", "operation"],
             buckets=_BUCKETS,
             registry=registry,
         )
-
         self.pace = Gauge(
             "osas_openstack_pace_per_second",
-            "Requests per second osas allows itself now: openstack.rate_limit, lowered while "
-            "the cloud answers 429 (or 503 with Retry-After) and raised again once it stops.",
+            "Requests per second osas allows itself now, per cloud and region: "
+            "openstack.rate_limit, lowered while the cloud answers 429 (or 503 with "
+            "Retry-After) and raised again once it stops.",
+            ["cloud", "region"],
             registry=registry,
         )
+
+    def at(self, cloud: str, region: str) -> PlaceCloudMetrics:
+        """What one place's adapter records, labelled with its cloud and region."""
+        return PlaceCloudMetrics(self, cloud, region)
+
+
+class PlaceCloudMetrics:
+    """``CloudMetrics`` as one place's adapter records into them."""
+
+    __slots__ = ("_families", "_place")
+
+    def __init__(self, families: CloudMetrics, cloud: str, region: str) -> None:
+        self._families = families
+        self._place = (cloud, region)
 
     def observe(
         self, service: str, operation: str, error: CloudError | None, seconds: float
     ) -> None:
-        self.requests.labels(service, operation, status_of(error)).inc()
-        self.latency.labels(service, operation).observe(seconds)
+        families, place = self._families, self._place
+        families.requests.labels(*place, service, operation, status_of(error)).inc()
+        families.latency.labels(*place, service, operation).observe(seconds)
+
+    def set_pace(self, rate: float) -> None:
+        self._families.pace.labels(*self._place).set(rate)

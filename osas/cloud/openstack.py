@@ -68,7 +68,7 @@ from osas.cloud.errors import (
     RateLimited,
     RequestRejected,
 )
-from osas.cloud.metrics import CloudMetrics
+from osas.cloud.metrics import PlaceCloudMetrics
 from osas.cloud.openstack_settings import MIN_COMPUTE_MICROVERSION, OpenStackSettings
 from osas.cloud.pacing import Pacer
 from osas.cloud.port import CreateServerRequest, Reference, ServerListing
@@ -544,7 +544,7 @@ class OpenStackCloud:
         settings: OpenStackSettings,
         *,
         connect: Callable[[], openstack.connection.Connection] | None = None,
-        metrics: CloudMetrics | None = None,
+        metrics: PlaceCloudMetrics | None = None,
     ) -> None:
         # openstacksdk warns about its own internals on ordinary calls; those are its
         # maintainers' business, not an operator's (the filter is process-wide by nature).
@@ -827,7 +827,7 @@ class OpenStackCloud:
     def _observe(self, name: str, error: CloudError | None, begun: float) -> None:
         if self._metrics is not None:
             self._metrics.observe(_service_of(name), name, error, time.perf_counter() - begun)
-            self._metrics.pace.set(self._pacer.rate)
+            self._metrics.set_pace(self._pacer.rate)
 
     async def _call(
         self,

@@ -3,7 +3,7 @@ it becomes (``convert``), the places its node groups live in (``places``), what 
 change (``reload``) and the start-up summary (``summary``)."""
 
 from osas.config.loading import CONFIG_ENV, ConfigError, load_config
-from osas.config.places import Place, places_of
+from osas.config.places import Place, PlaceKey, places_of
 from osas.config.reload import RELOADABLE, reloaded, restart_only_changes
 from osas.config.schema import NodeGroupConfig, OsasConfig
 from osas.config.summary import startup_summary
@@ -15,6 +15,7 @@ __all__ = [
     "NodeGroupConfig",
     "OsasConfig",
     "Place",
+    "PlaceKey",
     "load_config",
     "places_of",
     "reloaded",

@@ -37,11 +37,20 @@ class Place:
     def __str__(self) -> str:
         return f"{self.cloud}, region {self.region or '(the default)'}"
 
+    @property
+    def key(self) -> PlaceKey:
+        """(cloud, region): how metrics label the place, and how the app finds its parts."""
+        return (self.cloud, self.region)
+
+
+PlaceKey = tuple[str, str]
+
 
 def places_of(config: OsasConfig) -> tuple[Place, ...]:
     """Every place the configuration names, the top-level one first (also with no group in
     it), then in the order of the groups that name them. Raises ValueError when groups of
-    one place say different ways to reach it (verify, cacert, interface)."""
+    one place say different ways to reach it (verify, cacert, interface), and when two places
+    would go by one name (the same cloud and region with other credentials)."""
     top = config.openstack_settings()
     found: dict[tuple[object, ...], tuple[str, str, OpenStackSettings, list[str]]] = {}
     found[_key(top)] = (*_names(top), top, [])
@@ -59,10 +68,20 @@ def places_of(config: OsasConfig) -> tuple[Place, ...]:
                 "reached one way"
             )
         groups.append(group.group_id)
-    return tuple(
+    places = tuple(
         Place(cloud, region, settings, tuple(groups))
         for cloud, region, settings, groups in found.values()
     )
+    named: dict[PlaceKey, Place] = {}
+    for place in places:
+        other = named.setdefault(place.key, place)
+        if other is not place:
+            raise ValueError(
+                f"two places go by the name {place}: node groups {list(other.group_ids)} and "
+                f"{list(place.group_ids)} reach it with other credentials; give one of them a "
+                "clouds.yaml entry of its own (openstack.cloud) so that each place has a name"
+            )
+    return places
 
 
 def _settings(top: OpenStackSettings, block: GroupOpenStackConfig) -> OpenStackSettings:

@@ -16,7 +16,7 @@ import anyio
 import yaml
 from prometheus_client import CollectorRegistry
 
-from osas.app import App, openstack_cloud
+from osas.app import App, openstack_clouds
 from osas.config import load_config
 from osas.demo.certs import DemoAuthority
 from osas.demo.client import CaClient, ClientTls, connect
@@ -216,7 +216,7 @@ async def run_demo(out: TextIO = sys.stdout) -> int:
             demo.say("[2/7] fresh certificates: a CA, osas's for localhost, one for CA")
             config = load_config(write_osas_config(folder))
             registry = CollectorRegistry()  # the app's and the cloud adapter's, as in serve
-            app = App(config, openstack_cloud(config, registry), registry=registry)
+            app = App(config, openstack_clouds(config, registry), registry=registry)
             async with anyio.create_task_group() as group:
                 group.start_soon(app.run)
                 with anyio.fail_after(STEP_TIMEOUT):

@@ -4,16 +4,17 @@ in hand, queue and workers, inventory age, servers in a problem state."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from osas.domain.inventory import Inventory
 from osas.domain.problems import GroupProblem, Problem
-from osas.engine.queue import TaskQueue
-from osas.engine.reconciler import Reconciler
-from osas.engine.status import CREATE_STATES, SERVER_STATES, Census
+from osas.engine.status import CREATE_STATES, SERVER_STATES, PlaceSources
+
+# The labels of what is said per place (a cloud and region): each has its own listing,
+# clock, pace, quota and queue.
+PLACE_LABELS = ["cloud", "region"]
 
 
 def _gauge(name: str, documentation: str, labels: list[str] | None = None) -> GaugeMetricFamily:
@@ -27,60 +28,66 @@ class EngineCollector(Collector):
     def __init__(
         self,
         *,
-        inventory: Inventory,
-        queue: TaskQueue,
-        reconciler: Reconciler,
-        census: Census,
+        places: Sequence[PlaceSources],
         workers: int,
         clock: Callable[[], float],
         leading: Callable[[], bool] = lambda: True,
     ) -> None:
         self._leading = leading
-        self._inventory = inventory
-        self._queue = queue
-        self._reconciler = reconciler
-        self._census = census
+        self._places = tuple(places)
         self._workers = workers
         self._clock = clock
 
     def collect(self) -> Iterator[Metric]:
         yield from self._groups()
         yield from self._work()
-        inventory = self._inventory
+        now = self._clock()
         age = _gauge(
             "osas_inventory_age_seconds",
-            "Seconds since the last successful listing of the cloud (absent before the first).",
+            "Seconds since the last successful listing of each place's cloud and region "
+            "(absent before its first).",
+            PLACE_LABELS,
         )
-        seconds = inventory.age(self._clock())
-        if seconds is not None:
-            age.add_metric([], seconds)
-        yield age
         failing = _gauge(
             "osas_reconcile_failing_seconds",
-            "Seconds since syncs with OpenStack began failing, the first sync's attempts "
-            "included; 0 once one works. The cause: /status (syncs.last_error) and the "
-            "status label of osas_openstack_requests_total.",
+            "Seconds since syncs with each place's OpenStack began failing, the first sync's "
+            "attempts included; 0 once one works. The cause: /status (places[].syncs."
+            "last_error) and the status label of osas_openstack_requests_total.",
+            PLACE_LABELS,
         )
-        since = self._reconciler.status.failing_since
-        failing.add_metric([], 0.0 if since is None else self._clock() - since)
-        yield failing
         refused = _gauge(
             "osas_credentials_refused",
-            "1 while OpenStack refuses osas's credentials (401 after a fresh token): creates "
-            "wait, /readyz fails; fix the credentials (an operator's error, not an outage).",
+            "1 while a place's OpenStack refuses osas's credentials (401 after a fresh token): "
+            "its creates wait; fix the credentials (an operator's error, not an outage).",
+            PLACE_LABELS,
         )
-        refused.add_metric([], float(self._reconciler.status.credentials_refused is not None))
-        yield refused
         offset = _gauge(
             "osas_nova_clock_offset_seconds",
-            "Nova's clock minus osas's, from the Date of Nova's last answer to a listing (whole "
-            "seconds, so within about 1 s means equal). osas takes changes-since from Nova's "
-            "clock, so an offset loses nothing; it is logged once when over 5 s.",
+            "Each place's Nova clock minus osas's, from the Date of Nova's last answer to a "
+            "listing (whole seconds, so within about 1 s means equal). osas takes "
+            "changes-since from Nova's clock, so an offset loses nothing; it is logged once "
+            "when over 5 s.",
+            PLACE_LABELS,
         )
-        measured = self._reconciler.status.nova_clock_offset
-        if measured is not None:
-            offset.add_metric([], measured)
-        yield offset
+        held = _gauge(
+            "osas_scale_ups_held_seconds",
+            "Seconds until scale-ups in a place may spend headroom again after a start or a "
+            "takeover (creates an earlier osas sent may still reach Nova); 0 when they may.",
+            PLACE_LABELS,
+        )
+        for place in self._places:
+            where = [place.cloud, place.region]
+            status = place.reconciler.status
+            seconds = place.inventory.age(now)
+            if seconds is not None:
+                age.add_metric(where, seconds)
+            since = status.failing_since
+            failing.add_metric(where, 0.0 if since is None else now - since)
+            refused.add_metric(where, float(status.credentials_refused is not None))
+            if status.nova_clock_offset is not None:
+                offset.add_metric(where, status.nova_clock_offset)
+            held.add_metric(where, place.inventory.ledger.headroom_held(now) or 0.0)
+        yield from (age, failing, refused, offset)
         leader = _gauge(
             "osas_leader",
             "1 while this osas is the writer (it holds the leader lease, or election is off); "
@@ -88,12 +95,6 @@ class EngineCollector(Collector):
         )
         leader.add_metric([], float(self._leading()))
         yield leader
-        held = _gauge(
-            "osas_scale_ups_held_seconds",
-            "Seconds until scale-ups may spend headroom again after a start or a takeover "
-            "(creates an earlier osas sent may still reach Nova); 0 when they may.",
-        )
-        held.add_metric([], inventory.ledger.headroom_held(self._clock()) or 0.0)
         yield held
         problems = _gauge(
             "osas_server_problems",
@@ -102,8 +103,13 @@ class EngineCollector(Collector):
             "its own.",
             ["group", "problem"],
         )
-        counts = self._reconciler.problems.counts()
-        groups = {spec.group_id for spec in inventory.cluster.node_groups}
+        counts: dict[tuple[str, Problem], int] = {}
+        groups: set[str] = set()
+        unjoined: dict[str, object] = {}
+        for place in self._places:
+            counts.update(place.reconciler.problems.counts())
+            groups.update(spec.group_id for spec in place.inventory.cluster.node_groups)
+            unjoined.update(place.reconciler.unjoined.active())
         groups.update(group for group, _ in counts)
         for group in sorted(groups):
             for problem in Problem:
@@ -115,7 +121,6 @@ class EngineCollector(Collector):
             "servers before they join), else 0.",
             ["group", "problem"],
         )
-        unjoined = self._reconciler.unjoined.active()
         for group in sorted(groups | unjoined.keys()):
             group_problems.add_metric(
                 [group, GroupProblem.DELETED_BEFORE_JOINING.value], int(group in unjoined)
@@ -123,7 +128,6 @@ class EngineCollector(Collector):
         yield group_problems
 
     def _groups(self) -> Iterator[Metric]:
-        inventory, census = self._inventory, self._census
         minimum = _gauge("osas_node_group_min_size", "min_size of each node group.", ["group"])
         maximum = _gauge("osas_node_group_max_size", "max_size of each node group.", ["group"])
         target = _gauge(
@@ -162,42 +166,59 @@ class EngineCollector(Collector):
             "while the quota is unread or unlimited.",
             ["group", "resource"],
         )
+        place_of = _gauge(
+            "osas_node_group_place",
+            "1 for the cloud and region each node group lives in (join on group to say "
+            "where a group's figures come from).",
+            ["group", *PLACE_LABELS],
+        )
         now = self._clock()
-        for spec in inventory.cluster.node_groups:
-            group = spec.group_id
-            minimum.add_metric([group], spec.min_size)
-            maximum.add_metric([group], spec.max_size)
-            reported.add_metric([group], inventory.reported_max(spec, now))
-            room = inventory.headroom(group)
-            if room.count is not None:
-                headroom.add_metric([group, "servers"], room.count)
-            for resource, count in room.by_resource.items():
-                if count is not None:
-                    headroom.add_metric([group, resource], count)
-            if inventory.synced:
-                target.add_metric([group], inventory.target_size(group))
-            states = census.servers(group)
-            for state in SERVER_STATES:
-                servers.add_metric([group, state], states[state])
-            in_hand = census.creates(group)
-            for state in CREATE_STATES:
-                creates.add_metric([group, state], in_hand[state])
-            in_doubt.add_metric([group], in_hand["in_doubt"])
+        for place in self._places:
+            inventory, census = place.inventory, place.census
+            for spec in inventory.cluster.node_groups:
+                group = spec.group_id
+                place_of.add_metric([group, place.cloud, place.region], 1)
+                minimum.add_metric([group], spec.min_size)
+                maximum.add_metric([group], spec.max_size)
+                reported.add_metric([group], inventory.reported_max(spec, now))
+                room = inventory.headroom(group)
+                if room.count is not None:
+                    headroom.add_metric([group, "servers"], room.count)
+                for resource, count in room.by_resource.items():
+                    if count is not None:
+                        headroom.add_metric([group, resource], count)
+                if inventory.synced:
+                    target.add_metric([group], inventory.target_size(group))
+                states = census.servers(group)
+                for state in SERVER_STATES:
+                    servers.add_metric([group, state], states[state])
+                in_hand = census.creates(group)
+                for state in CREATE_STATES:
+                    creates.add_metric([group, state], in_hand[state])
+                in_doubt.add_metric([group], in_hand["in_doubt"])
         yield from (minimum, maximum, reported, headroom, target, servers, creates, in_doubt)
+        yield place_of
 
     def _work(self) -> Iterator[Metric]:
-        queue = self._queue
-        depth = _gauge("osas_queue_depth", "Tasks queued, by kind (create, delete).", ["kind"])
-        deletes = queue.queued_deletes()
-        depth.add_metric(["create"], len(queue) - deletes)
-        depth.add_metric(["delete"], deletes)
-        yield depth
-        capacity = _gauge("osas_queue_capacity", "Tasks the queue holds at most (queue.capacity).")
-        capacity.add_metric([], queue.capacity)
-        yield capacity
-        busy = _gauge("osas_workers_busy", "Tasks being worked on now.")
-        busy.add_metric([], queue.in_hand_count() - len(queue))
-        yield busy
+        depth = _gauge(
+            "osas_queue_depth",
+            "Tasks queued in each place, by kind (create, delete).",
+            [*PLACE_LABELS, "kind"],
+        )
+        capacity = _gauge(
+            "osas_queue_capacity",
+            "Tasks each place's queue holds at most (queue.capacity).",
+            PLACE_LABELS,
+        )
+        busy = _gauge("osas_workers_busy", "Tasks being worked on now, per place.", PLACE_LABELS)
+        for place in self._places:
+            queue, where = place.queue, [place.cloud, place.region]
+            deletes = queue.queued_deletes()
+            depth.add_metric([*where, "create"], len(queue) - deletes)
+            depth.add_metric([*where, "delete"], deletes)
+            capacity.add_metric(where, queue.capacity)
+            busy.add_metric(where, queue.in_hand_count() - len(queue))
+        yield from (depth, capacity, busy)
         workers = _gauge(
             "osas_workers", "Workers (queue.workers), besides the one that only deletes."
         )

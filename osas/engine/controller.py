@@ -59,7 +59,37 @@ async def _nothing_to_keep(budget: float) -> None:
     del budget
 
 
-class Controller:
+class ConfiguredAnswers:
+    """Whether CA's calls are answered now, and the answers the configuration alone gives:
+    the same for one place's controller and for the router over several."""
+
+    @property
+    def cluster(self) -> ClusterSpec:
+        raise NotImplementedError
+
+    def _not_answering(self) -> str | None:
+        """Why CA's calls are not answered now, or None."""
+        raise NotImplementedError
+
+    def answering(self) -> bool:
+        """Whether CA's calls are answered now (``check_ready`` passes)."""
+        return self._not_answering() is None
+
+    def check_ready(self) -> None:
+        reason = self._not_answering()
+        if reason is not None:
+            raise NotReady(reason)
+
+    def gpu_label(self) -> str:
+        self.check_ready()
+        return self.cluster.gpu_label
+
+    def gpu_types(self) -> tuple[str, ...]:
+        self.check_ready()
+        return self.cluster.gpu_types
+
+
+class Controller(ConfiguredAnswers):
     def __init__(
         self,
         inventory: Inventory,
@@ -99,15 +129,6 @@ class Controller:
         if not self.inventory.synced:
             return "inventory not synced with OpenStack yet; try again shortly"
         return self._standby()
-
-    def answering(self) -> bool:
-        """Whether CA's calls are answered now (``check_ready`` passes)."""
-        return self._not_answering() is None
-
-    def check_ready(self) -> None:
-        reason = self._not_answering()
-        if reason is not None:
-            raise NotReady(reason)
 
     def stop_accepting(self) -> None:
         """Shutting down: mutations are refused from now on (CA retries them elsewhere)."""
@@ -212,14 +233,6 @@ class Controller:
         self._checked_nodes.check(node)
         group_id = self.inventory.group_for_node(node.name, node.provider_id)
         return None if group_id is None else self.cluster.group(group_id)
-
-    def gpu_label(self) -> str:
-        self.check_ready()
-        return self.cluster.gpu_label
-
-    def gpu_types(self) -> tuple[str, ...]:
-        self.check_ready()
-        return self.cluster.gpu_types
 
     def node_price(self, node: NodeInfo, start: float, end: float) -> float:
         self.check_ready()

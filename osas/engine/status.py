@@ -139,15 +139,33 @@ class ReloadOutcome:
 
 
 @dataclass(frozen=True, slots=True)
-class StatusSources:
-    """Everything ``/status`` reads, wired by the app."""
+class PlaceSources:
+    """What ``/status`` and the metrics read of one place (a cloud and region): the parts
+    that keep its node groups' servers."""
 
-    version: str
-    config_file: str | None
+    cloud: str
+    region: str
     inventory: Inventory
     queue: TaskQueue
     reconciler: Reconciler
     census: Census
+
+    @classmethod
+    def of(
+        cls, cloud: str, region: str, inventory: Inventory, queue: TaskQueue, reconciler: Reconciler
+    ) -> PlaceSources:
+        return cls(cloud, region, inventory, queue, reconciler, Census(inventory))
+
+
+@dataclass(frozen=True, slots=True)
+class StatusSources:
+    """Everything ``/status`` reads, wired by the app: ``places`` in the order the app runs
+    them, the top-level ``openstack`` block's first (the document's top-level sync, queue
+    and hold figures are that place's; ``places`` has each)."""
+
+    version: str
+    config_file: str | None
+    places: tuple[PlaceSources, ...]
     workers: int
     clock: Callable[[], float]
     readiness: Callable[[], str | None]  # None when ready, else why not
@@ -168,12 +186,23 @@ def _headroom(inventory: Inventory, group_id: str) -> dict[str, Any] | None:
     return {"servers": headroom.count, "limited_by": headroom.limiting(), **headroom.by_resource}
 
 
+async def refresh_census(sources: StatusSources) -> None:
+    """Every place's census counted ahead of a scrape or a status request."""
+    for place in sources.places:
+        await place.census.refresh()
+
+
 def _problem_servers(sources: StatusSources) -> list[dict[str, Any]]:
     """The servers in a problem state, the first ``PROBLEM_SERVERS_SHOWN`` of them: which,
     how old (by Nova's ``created``), for how long, and why."""
-    snapshot, now = sources.inventory.snapshot, sources.wall_clock()
+    now = sources.wall_clock()
     listed = []
-    for entry in sources.reconciler.problems.listed()[:PROBLEM_SERVERS_SHOWN]:
+    entries = [
+        (place.inventory.snapshot, entry)
+        for place in sources.places
+        for entry in place.reconciler.problems.listed()
+    ]
+    for snapshot, entry in entries[:PROBLEM_SERVERS_SHOWN]:
         server = snapshot.get(entry.server_id)
         created = server.created if server is not None else None
         listed.append(
@@ -221,22 +250,68 @@ def _group_problems(reconciler: Reconciler, now: float) -> list[dict[str, Any]]:
     ]
 
 
-def build_status(sources: StatusSources) -> dict[str, Any]:
-    """The ``/status`` document."""
-    inventory, census, queue = sources.inventory, sources.census, sources.queue
-    age = inventory.age(sources.clock())
-    problems = dict.fromkeys(PROBLEMS, 0)
-    for (_, problem), count in sources.reconciler.problems.counts().items():
-        problems[problem.value] += count
+def _syncs(place: PlaceSources, now: float) -> dict[str, Any]:
+    sync = place.reconciler.status
+    offset = sync.nova_clock_offset
+    failing = None if sync.failing_since is None else now - sync.failing_since
+    return {
+        "full": sync.full_syncs,
+        "incremental": sync.incremental_syncs,
+        "failures": sync.failures,
+        "last_error": sync.last_error,
+        "consecutive_failures": sync.consecutive_failures,
+        "failing_for_seconds": None if failing is None else round(failing, 1),
+        # The request to OpenStack in progress, and how long it has gone unanswered.
+        "waiting_for": sync.waiting_for,
+        "waiting_seconds": (
+            None if sync.waiting_since is None else round(now - sync.waiting_since, 1)
+        ),
+        "retrying": place.reconciler.retrying(),  # why that request is being sent again
+        "nova_clock_offset_seconds": None if offset is None else round(offset, 1),
+        "clock_jumps": sync.clock_jumps,
+    }
+
+
+def _queue(place: PlaceSources, workers: int) -> dict[str, Any]:
+    queue = place.queue
+    return {
+        "creates": len(queue) - queue.queued_deletes(),
+        "deletes": queue.queued_deletes(),
+        "capacity": queue.capacity,
+        "workers_busy": queue.in_hand_count() - len(queue),
+        "workers": workers,
+    }
+
+
+def _place(place: PlaceSources, sources: StatusSources, now: float) -> dict[str, Any]:
+    """One place: where it is, its groups, how fresh its listing is and how it syncs."""
+    age = place.inventory.age(now)
+    held = place.inventory.ledger.headroom_held(now)
+    return {
+        "cloud": place.cloud,
+        "region": place.region,
+        "groups": [spec.group_id for spec in place.inventory.cluster.node_groups],
+        "synced": place.inventory.synced,
+        "inventory_age_seconds": None if age is None else round(age, 1),
+        "syncs": _syncs(place, now),
+        "scale_ups_held_seconds": None if held is None else round(held, 1),
+        "queue": _queue(place, sources.workers),
+    }
+
+
+def _groups(place: PlaceSources, now: float) -> list[dict[str, Any]]:
+    inventory, census = place.inventory, place.census
     groups = []
     for spec in inventory.cluster.node_groups:
         group_id = spec.group_id
         groups.append(
             {
                 "id": group_id,
+                "cloud": place.cloud,
+                "region": place.region,
                 "min_size": spec.min_size,
                 "max_size": spec.max_size,
-                "reported_max_size": inventory.reported_max(spec, sources.clock()),
+                "reported_max_size": inventory.reported_max(spec, now),
                 "quota_headroom": _headroom(inventory, group_id),
                 "target_size": inventory.target_size(group_id) if inventory.synced else None,
                 "servers": census.servers(group_id),
@@ -244,50 +319,43 @@ def build_status(sources: StatusSources) -> dict[str, Any]:
                 "failures": census.failures(group_id),
             }
         )
-    sync = sources.reconciler.status
-    not_ready = sources.readiness()
-    held = inventory.ledger.headroom_held(sources.clock())
-    offset = sync.nova_clock_offset
-    problem_count = sum(problems.values())
+    return groups
+
+
+def build_status(sources: StatusSources) -> dict[str, Any]:
+    """The ``/status`` document."""
     now = sources.clock()
-    failing = None if sync.failing_since is None else now - sync.failing_since
+    first = sources.places[0]
+    problems = dict.fromkeys(PROBLEMS, 0)
+    for place in sources.places:
+        for (_, problem), count in place.reconciler.problems.counts().items():
+            problems[problem.value] += count
+    not_ready = sources.readiness()
+    problem_count = sum(problems.values())
+    places = [_place(place, sources, now) for place in sources.places]
+    top = places[0]
     return {
-        "cluster_name": inventory.cluster.cluster_name,
+        "cluster_name": first.inventory.cluster.cluster_name,
         "config_file": sources.config_file,
         "version": sources.version,
         "ready": not_ready is None,
         "not_ready_reason": not_ready,
-        "inventory_age_seconds": None if age is None else round(age, 1),
-        "syncs": {
-            "full": sync.full_syncs,
-            "incremental": sync.incremental_syncs,
-            "failures": sync.failures,
-            "last_error": sync.last_error,
-            "consecutive_failures": sync.consecutive_failures,
-            "failing_for_seconds": None if failing is None else round(failing, 1),
-            # The request to OpenStack in progress, and how long it has gone unanswered.
-            "waiting_for": sync.waiting_for,
-            "waiting_seconds": (
-                None if sync.waiting_since is None else round(now - sync.waiting_since, 1)
-            ),
-            "retrying": sources.reconciler.retrying(),  # why that request is being sent again
-            "nova_clock_offset_seconds": None if offset is None else round(offset, 1),
-            "clock_jumps": sync.clock_jumps,
-        },
+        # The top-level openstack block's place (each place's: ``places``).
+        "inventory_age_seconds": top["inventory_age_seconds"],
+        "syncs": top["syncs"],
         "leader_election": sources.leadership(),
-        "scale_ups_held_seconds": None if held is None else round(held, 1),
-        "queue": {
-            "creates": len(queue) - queue.queued_deletes(),
-            "deletes": queue.queued_deletes(),
-            "capacity": queue.capacity,
-            "workers_busy": queue.in_hand_count() - len(queue),
-            "workers": sources.workers,
-        },
-        "groups": groups,
+        "scale_ups_held_seconds": top["scale_ups_held_seconds"],
+        "queue": top["queue"],
+        "places": places,
+        "groups": [group for place in sources.places for group in _groups(place, now)],
         "problems": problems,
         "problem_servers": (shown := _problem_servers(sources)),
         "problem_servers_not_shown": problem_count - len(shown),
-        "group_problems": _group_problems(sources.reconciler, sources.wall_clock()),
+        "group_problems": [
+            problem
+            for place in sources.places
+            for problem in _group_problems(place.reconciler, sources.wall_clock())
+        ],
         "config_reload": _reload(sources),
         "restart_needed_for": list(sources.restart_needed()),
         "rejected_certificate_reloads": sources.rejected_certificate_reloads(),

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from structlog.contextvars import bind_contextvars
 
 from osas.domain.limits import MAX_NODES_PER_REQUEST
-from osas.engine.controller import Controller
+from osas.engine.places import CaController
 from osas.protocol import externalgrpc_pb2
 from osas.service.answers import refuse
 from osas.service.gate import RpcGate
@@ -224,7 +224,7 @@ class ProviderServer:
 
     def __init__(
         self,
-        controller: Controller,
+        controller: CaController,
         settings: ServerSettings,
         *,
         registry: CollectorRegistry | None = None,

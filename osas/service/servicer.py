@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 from google.protobuf.any_pb2 import Any as AnyMessage
 
 from osas.domain.specs import NodeGroupSpec
-from osas.engine.controller import Controller, NodeGroupView
+from osas.engine.controller import NodeGroupView
+from osas.engine.places import CaController
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.service import translate
 from osas.service.answers import Serialized, StandingAnswers
@@ -53,7 +54,7 @@ _NOT_OURS = Serialized(
 class CloudProviderServicer:
     """Every RPC of ``pb_grpc.CloudProviderServicer``; the hot reads answer from caches."""
 
-    def __init__(self, controller: Controller) -> None:
+    def __init__(self, controller: CaController) -> None:
         self._controller = controller
         # group id -> (the spec and max size it was made from, the answer)
         self._for_node: dict[str, tuple[NodeGroupSpec, int, Serialized]] = {}

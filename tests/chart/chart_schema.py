@@ -53,6 +53,9 @@ DESCRIPTIONS = {
     ("node_groups", "user_data"): "an inline template; no secrets here: use user_data_vars",
     ("node_groups", "user_data_file"): "a template in a mounted Secret (userDataSecrets)",
     ("node_groups", "user_data_vars"): "template variables read from files: name -> path",
+    ("node_groups", "openstack"): "where the group lives when not where `openstack` says: "
+    "region_name, or cloud (another entry of the clouds.yaml Secret) with its verify, cacert, "
+    "interface",
 }
 
 
@@ -71,9 +74,22 @@ def chart_config_schema() -> dict[str, Any]:
     }
     schema["required"] = [*schema["required"], *CHART_REQUIRES]
     group = properties["node_groups"]["items"]["properties"]
-    # A group's own place (another region or cloud): osas serve runs one cloud and region in
-    # this release and refuses more; the chart offers the key when serve takes it.
-    del group["openstack"]
+    # A group's own place: another region, or another entry of the clouds.yaml Secret
+    # (credentials belong in a Secret, so no auth block). osas's checks across the block's
+    # keys, as a schema: a cloud or a region named (non-empty), TLS and interface only with
+    # another cloud, a CA file's path absolute in the pod.
+    place = _object(group["openstack"])
+    del place["properties"]["auth"]
+    place["properties"]["cacert"] = {"anyOf": [ABSOLUTE, {"type": "null"}]}
+    named = {"type": "string", "minLength": 1}
+    place["anyOf"] = [
+        {"required": ["cloud"], "properties": {"cloud": named}},
+        {"required": ["region_name"], "properties": {"region_name": named}},
+    ]
+    place["dependencies"] = {
+        key: {"required": ["cloud"], "properties": {"cloud": named}}
+        for key in ("verify", "cacert", "interface")
+    }
     group["user_data_file"] = {"anyOf": [ABSOLUTE, {"type": "null"}]}
     group["user_data_vars"]["additionalProperties"] = ABSOLUTE
     for path, text in DESCRIPTIONS.items():

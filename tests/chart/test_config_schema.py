@@ -81,7 +81,8 @@ CHART_OWNED = {
     ("leader_election", "kubeconfig"): "the pod's service account",
     ("leader_election", "service_name"): "the Service CA dials",
     ("leader_election", "service_namespace"): "the release's namespace",
-    ("node_groups", 0, "openstack"): "osas serve runs one cloud and region in this release",
+    ("node_groups", 0, "openstack", "auth"): "credentials belong in a Secret",
+    ("node_groups", 0, "openstack", "cacert"): "a path in the pod is absolute",
     ("node_groups", 0, "user_data_file"): "a path in the pod is absolute",
     ("node_groups", 0, "user_data_vars"): "a path in the pod is absolute",
 }
