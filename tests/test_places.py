@@ -370,3 +370,29 @@ async def test_status_metrics_and_logs_say_which_place_fails(
     ]
     assert failed
     assert all(str(line.get("place")).endswith(", region RegionTwo") for line in failed), failed
+
+
+async def test_each_place_has_its_own_quota_and_a_second_cloud_its_own_keystone(
+    tmp_path, two_places
+):
+    """RegionTwo's project holds one more server: only its group's max size says so. A group
+    in the second cloud (its own Keystone, its own credentials) scales there."""
+    private, south, public = two_places
+    south.nova.quota.instances = 1
+    path = two_region_config(tmp_path, private)
+    data = yaml.safe_load(path.read_text())
+    burst = {**data["node_groups"][0], "id": "burst", "min_size": 0, "max_size": 4}
+    burst["openstack"] = {"auth": sim_auth(public), "region_name": "Burst"}
+    data["node_groups"].append(burst)
+    write_config(tmp_path, data)
+    async with serving(path) as (provider, ca):
+        for engine in provider.app.places:
+            await engine.reconciler.read_quota_once()
+        await ca.refresh()
+        maxima = {g.id: g.maxSize for g in await ca.node_groups()}
+        assert maxima == {"workers": 10, "gpu": 1, "burst": 4}
+        await ca.increase("burst", 2)
+        await eventually(lambda: len(public.nova.live_servers()) == 2, what="burst servers")
+        assert private.nova.live_servers() == []
+        assert south.nova.live_servers() == []
+        assert len(provider.app.places) == 3
