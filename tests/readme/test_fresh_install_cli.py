@@ -178,6 +178,7 @@ CASES: dict[str, Callable[[Path], Callable[[], None]]] = {
     "osas sim --port 8774": busy_port,
     "osas sim --port 0 --clouds-yaml clouds.yaml": a_list_in("clouds.yaml"),
     "osas sim --port 70000": nothing,
+    "osas sim --region a/b": nothing,
     "osas bench --quick": nothing,
     "osas bench --out report/BENCHMARKS.md": a_file_named("report"),
     "osas bench --sizes-only": nothing,
