@@ -15,6 +15,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -340,6 +341,19 @@ async def test_healthz_answers_through_an_outage_and_readyz_follows_the_inventor
         sim.stop()
 
 
+async def status_until(
+    port: int, check: Callable[[dict[str, Any]], bool], timeout: float = 5.0
+) -> dict[str, Any]:
+    """/status once ``check`` holds of it, or the last one after ``timeout``: it is rendered
+    at most every 0.2 s, so the first after a change may be older than the change."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = json.loads((await fetch(port, "/status"))[1])
+        if check(status) or time.monotonic() > deadline:
+            return status
+        await asyncio.sleep(0.05)
+
+
 def osas_status(url: str) -> subprocess.CompletedProcess[str]:
     """``osas status --url``, as an operator runs it (blocking: call it in a thread)."""
     command = [sys.executable, "-m", "osas", "status", "--url", url]
@@ -385,7 +399,9 @@ async def test_an_outage_at_start_shows_its_cause_in_status_readyz_and_metrics(t
 
         sim.start()  # OpenStack is back: the outage is over, and said to be
         await provider.wait_serving(timeout=30)
-        syncs = json.loads((await fetch(port, "/status"))[1])["syncs"]
+        syncs = (await status_until(port, lambda s: s["syncs"]["consecutive_failures"] == 0))[
+            "syncs"
+        ]
         assert (syncs["consecutive_failures"], syncs["failing_for_seconds"]) == (0, None)
         assert syncs["last_error"] is None
         assert value(await scrape(port), "osas_reconcile_failing_seconds", **AT_PLACE) == 0

@@ -57,6 +57,8 @@ GIGABYTES_EXCEEDED = (
     "VolumeSizeExceedsAvailableQuota: Requested volume or snapshot exceeds allowed gigabytes "
     "quota. Requested {requested}G, quota is {quota}G and {consumed}G has been consumed."
 )
+# Reads of one server kept for the DELETE that may follow (``FakeNova.deletes_asked``).
+_READS_KEPT = 10_000
 SCHEDULING = "scheduling"  # the task state of a new server, as Nova sets it at once
 # vm states (by status) in which Nova lets a server's metadata change, with no task running.
 _METADATA_STATES = {"ACTIVE", "PAUSED", "SUSPENDED", "SHUTOFF"}
@@ -569,17 +571,23 @@ class FakeNova:
         for the DELETE that may follow (``deletes_asked``)."""
         server = self.get_server(server_id)
         if server is not None:
+            self._last_read.pop(server_id, None)  # the newest read last, the oldest dropped
             self._last_read[server_id] = (dict(server.metadata), frozenset(server.tags))
+            if len(self._last_read) > _READS_KEPT:
+                del self._last_read[next(iter(self._last_read))]
         return server
 
     @_locked
     def delete_asked(self, server_id: str) -> bool:
-        """``delete_server`` as the API's DELETE, recorded with the read before it."""
-        read = self._last_read.pop(server_id, None)
-        self.deletes_asked.append(
-            DeleteAsked(server_id, *(read if read is not None else (None, None)))
-        )
-        return self.delete_server(server_id)
+        """``delete_server`` as the API's DELETE, recorded with the read before it when it
+        found the server (a DELETE sent again, its first answer lost, shares that read)."""
+        read = self._last_read.get(server_id)
+        deleted = self.delete_server(server_id)
+        if deleted:
+            self.deletes_asked.append(
+                DeleteAsked(server_id, *(read if read is not None else (None, None)))
+            )
+        return deleted
 
     @_locked
     def create_server(self, request: CreateServerRequest, *, ports_given: int = 0) -> FakeServer:
@@ -672,7 +680,6 @@ class FakeNova:
         """False when there was no such server (Nova's 404)."""
         self.calls["servers.delete"] += 1
         self._advance()
-        self._last_read.pop(server_id, None)
         server = self._servers.get(server_id)
         if server is None or server.status == "DELETED":
             return False
