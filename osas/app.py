@@ -22,7 +22,7 @@ import dataclasses
 import gc
 import hashlib
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -157,14 +157,10 @@ def served_places(config: OsasConfig) -> tuple[Place, ...]:
     return tuple(place for place in places if place.group_ids) or places[:1]
 
 
-def _restricted(cluster: ClusterSpec, place: Place) -> ClusterSpec:
+def _restricted(cluster: ClusterSpec, group_ids: Collection[str]) -> ClusterSpec:
     """The cluster as one place's engine sees it: the groups living there."""
-    groups = tuple(spec for spec in cluster.node_groups if spec.group_id in place.group_ids)
+    groups = tuple(spec for spec in cluster.node_groups if spec.group_id in group_ids)
     return dataclasses.replace(cluster, node_groups=groups)
-
-
-def _without_groups(cluster: ClusterSpec) -> ClusterSpec:
-    return dataclasses.replace(cluster, node_groups=())
 
 
 def check_layout(before: OsasConfig, after: OsasConfig) -> None:
@@ -329,7 +325,7 @@ class App:
             PlaceEngine(
                 place,
                 clouds[place.key],
-                _restricted(cluster, place),
+                _restricted(cluster, place.group_ids),
                 config,
                 leadership=self.leadership,
                 metrics=metrics,
@@ -545,13 +541,13 @@ class App:
         fetched first, each in its place (a new group answers NodeGroupTemplateNodeInfo at
         once), then every place's ledger takes its share of the new cluster and plans what it
         means for the work in hand, in one step with no await inside, so no call sees half of
-        it. ``layout_change`` has said the places stay as they are."""
+        it. ``check_layout`` has said the places stay as they are."""
         cluster = config.cluster_spec()
-        groups = {place.key: place for place in places_of(config)}
+        # A place the new file leaves with no group keeps its engine, with no group in it.
+        living = {place.key: place.group_ids for place in places_of(config)}
         parts = []
         for engine in self.places:
-            place = groups.get(engine.place.key)
-            share = _restricted(cluster, place) if place is not None else _without_groups(cluster)
+            share = _restricted(cluster, living.get(engine.place.key, ()))
             before = {spec.group_id: spec.flavor for spec in engine.inventory.cluster.node_groups}
             fresh = [s for s in share.node_groups if before.get(s.group_id) != s.flavor]
             try:
@@ -597,9 +593,9 @@ class App:
 
     def _first_sync_wait(self) -> str:
         """What the first sync waits for and since when, in each place not synced yet."""
-        waiting = [engine for engine in self.places if not engine.inventory.synced]
         if len(self.places) == 1:
             return self._first_sync_wait_of(self.places[0])
+        waiting = [engine for engine in self.places if not engine.inventory.synced]
         return "; ".join(f"{e.place}: {self._first_sync_wait_of(e)}" for e in waiting)
 
     def _first_sync_wait_of(self, engine: PlaceEngine) -> str:

@@ -123,17 +123,11 @@ class PlacesController(ConfiguredAnswers):
     def refresh(self) -> None:
         """Nudge every place; refuse only on a standby, or when no place's listing is fresh
         (one stale place must not abort CA's loop for the groups of the others)."""
-        standby = self._standby()
-        stale = []
-        for name, controller in zip(self._names, self._controllers, strict=True):
+        for controller in self._controllers:
             controller.reconciler.nudge()
-            reason = controller.staleness()
-            if reason is not None:
-                stale.append(f"{name}: {reason}")
-        if standby is not None:
-            raise NotReady(standby)
-        if len(stale) == len(self._controllers):
-            raise NotReady("; ".join(stale))
+        reason = self._standby() or self.staleness()
+        if reason is not None:
+            raise NotReady(reason)
 
     def staleness(self) -> str | None:
         """Why no place's inventory can be acted on, or None when one can."""
