@@ -157,22 +157,32 @@ def served_places(config: OsasConfig) -> tuple[Place, ...]:
     return tuple(place for place in places if place.group_ids) or places[:1]
 
 
-def _restricted(cluster: ClusterSpec, group_ids: Collection[str]) -> ClusterSpec:
-    """The cluster as one place's engine sees it: the groups living there."""
+def _restricted(cluster: ClusterSpec, place: Place, group_ids: Collection[str]) -> ClusterSpec:
+    """The cluster as one place's engine sees it: the groups living there (``group_ids``), and
+    provider ids spelt as its nodes' are."""
     groups = tuple(spec for spec in cluster.node_groups if spec.group_id in group_ids)
-    return dataclasses.replace(cluster, node_groups=groups)
+    return dataclasses.replace(
+        cluster, node_groups=groups, provider_id_region=place.provider_id_region
+    )
 
 
 def check_layout(before: OsasConfig, after: OsasConfig) -> None:
     """Raise ConfigError when a reload cannot apply ``after``'s places: a group that moves to
-    another place, or a place osas does not run yet (both need a restart)."""
-    running = {place.key for place in served_places(before)}
+    another place, a place osas does not run yet, a place whose provider ids change form
+    (each needs a restart)."""
+    running = {place.key: place for place in served_places(before)}
     was = {group: place.key for place in places_of(before) for group in place.group_ids}
     for place in served_places(after):
         if place.key not in running:
             raise ConfigError(
                 f"node groups {list(place.group_ids)} live in {place}, a place osas does not "
                 "run yet: restart osas to apply it"
+            )
+        ids = running[place.key].provider_id_region
+        if place.provider_id_region != ids:
+            raise ConfigError(
+                f"the provider ids of {place} name region {place.provider_id_region!r}, not "
+                f"{ids!r}: restart osas to apply it"
             )
         for group in place.group_ids:
             if was.get(group, place.key) != place.key:
@@ -325,7 +335,7 @@ class App:
             PlaceEngine(
                 place,
                 clouds[place.key],
-                _restricted(cluster, place.group_ids),
+                _restricted(cluster, place, place.group_ids),
                 config,
                 leadership=self.leadership,
                 metrics=metrics,
@@ -547,7 +557,7 @@ class App:
         living = {place.key: place.group_ids for place in places_of(config)}
         parts = []
         for engine in self.places:
-            share = _restricted(cluster, living.get(engine.place.key, ()))
+            share = _restricted(cluster, engine.place, living.get(engine.place.key, ()))
             before = {spec.group_id: spec.flavor for spec in engine.inventory.cluster.node_groups}
             fresh = [s for s in share.node_groups if before.get(s.group_id) != s.flavor]
             try:

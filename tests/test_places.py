@@ -3,8 +3,9 @@
 The configuration resolves every group into a place (a cloud and a region, with the settings
 that reach it); `osas check-config` checks each place with the groups that live there, against
 the simulator's regions behind one Keystone and a second simulated cloud with its own. osas
-serve, whose engine keeps one cloud and region in this release, refuses a configuration of
-several places at its start and at a reload, saying so; one place keeps working unchanged.
+serve runs an engine per place: each scales in its own, a failing place fails nothing elsewhere,
+status, metrics and logs say which place each figure belongs to, and each place spells its nodes'
+provider ids as its cloud-provider-openstack does.
 """
 
 from __future__ import annotations
@@ -229,6 +230,18 @@ def engine_of(provider: Provider, region: str) -> PlaceEngine:
     return next(engine for engine in provider.app.places if engine.place.region == region)
 
 
+async def scale_in_both(provider: Provider, ca: CaClient, private, south) -> None:
+    """Two gpu servers in RegionTwo and a workers server in RegionOne, listed by both places."""
+    await ca.increase("gpu", 2)
+    await ca.increase("workers", 1)
+    await eventually(
+        lambda: len(south.nova.live_servers()) == 2 and len(private.nova.live_servers()) == 1,
+        what="two servers in RegionTwo, one in RegionOne",
+    )
+    for engine in provider.app.places:
+        await engine.reconciler.reconcile_once(full=True)
+
+
 async def test_groups_in_two_regions_each_scale_in_their_own(tmp_path, two_places):
     private, south, _ = two_places
     async with serving(two_region_config(tmp_path, private)) as (provider, ca):
@@ -237,14 +250,7 @@ async def test_groups_in_two_regions_each_scale_in_their_own(tmp_path, two_place
             "region RegionOne",
             "region RegionTwo",
         ]
-        await ca.increase("gpu", 2)
-        await ca.increase("workers", 1)
-        await eventually(
-            lambda: len(south.nova.live_servers()) == 2 and len(private.nova.live_servers()) == 1,
-            what="two servers in RegionTwo, one in RegionOne",
-        )
-        for engine in provider.app.places:
-            await engine.reconciler.reconcile_once(full=True)
+        await scale_in_both(provider, ca, private, south)
         assert (await ca.target_size("gpu"), await ca.target_size("workers")) == (2, 1)
         south_ids = {s.server_id for s in south.nova.live_servers()}
         assert {i.id for i in await ca.nodes("gpu")} == {f"openstack:///{i}" for i in south_ids}
@@ -396,3 +402,107 @@ async def test_each_place_has_its_own_quota_and_a_second_cloud_its_own_keystone(
         assert private.nova.live_servers() == []
         assert south.nova.live_servers() == []
         assert len(provider.app.places) == 3
+
+
+# -- a cloud's own clouds.yaml, and provider ids per place ---------------------------------
+
+
+async def test_a_clouds_file_is_read_alone_for_its_cloud(tmp_path, two_places, monkeypatch):
+    """A group's clouds_file holds its cloud's credentials (a Secret of its own in the chart):
+    that cloud is read from that file alone, even where OS_CLIENT_CONFIG_FILE names another
+    file with an entry of the same name; a file that cannot be read is said as such."""
+    private, _, public = two_places
+    decoy = tmp_path / "clouds.yaml"
+    private.write_clouds_yaml(decoy, "burst")  # the same entry name, in the wrong cloud
+    monkeypatch.setenv("OS_CLIENT_CONFIG_FILE", str(decoy))
+    own = tmp_path / "burst" / "clouds.yaml"
+    public.write_clouds_yaml(own, "burst")
+    path = two_region_config(tmp_path, private)
+    data = yaml.safe_load(path.read_text())
+    burst = {**data["node_groups"][0], "id": "burst", "min_size": 0, "max_size": 4}
+    burst["openstack"] = {"cloud": "burst", "clouds_file": str(own)}
+    data["node_groups"].append(burst)
+    write_config(tmp_path, data)
+    config = load_config(path)
+    assert [place.settings.clouds_file for place in places_of(config)][-1] == own
+    async with serving(path) as (_, ca):
+        await ca.increase("burst", 2)
+        await eventually(lambda: len(public.nova.live_servers()) == 2, what="burst servers")
+        assert private.nova.live_servers() == []
+
+    own.unlink()
+    code, said, problems = await checked(load_config(path))
+    assert code == EXIT_CLOUD, said
+    assert [p for p in problems if "burst" in p] == [
+        next(p for p in problems if f"clouds_file {own} cannot be read or is not YAML" in p)
+    ]
+
+
+def test_clouds_file_goes_with_a_cloud_entry(tmp_path):
+    path = with_places(
+        tmp_path, {"auth": AUTH}, gpu={"region_name": "South", "clouds_file": "/x/clouds.yaml"}
+    )
+    with pytest.raises(ConfigError, match="clouds_file goes with 'cloud'"):
+        load_config(path)
+
+
+def test_groups_of_one_place_spell_provider_ids_one_way(tmp_path):
+    data = config_data(openstack={"auth": AUTH, "region_name": "North"}, provider_id_region="North")
+    workers, gpu = data["node_groups"]
+    gpu["openstack"] = {"region_name": "South", "provider_id_region": "South"}
+    places = places_of(load_config(write_config(tmp_path, data)))
+    assert [(p.region, p.provider_id_region) for p in places] == [
+        ("North", "North"),
+        ("South", "South"),
+    ]
+    # A group with no word of its own takes the top-level form, in whatever place.
+    del gpu["openstack"]["provider_id_region"]
+    places = places_of(load_config(write_config(tmp_path, data)))
+    assert [p.provider_id_region for p in places] == ["North", "North"]
+    workers["openstack"] = {"region_name": "South", "provider_id_region": "South"}
+    with pytest.raises(ConfigError, match="provider ids name region 'North', not 'South'"):
+        load_config(write_config(tmp_path, data))
+
+
+async def test_each_place_spells_its_nodes_provider_ids_as_its_own_cloud_provider_does(
+    tmp_path, two_places
+):
+    """cloud-provider-openstack running regional writes openstack://<region>/<uuid>: a place
+    that says so answers and matches its nodes that way, the other keeps openstack:///<uuid>,
+    and an id in the other form names no node of the place."""
+    private, south, _ = two_places
+    path = two_region_config(tmp_path, private)
+    data = yaml.safe_load(path.read_text())
+    data["node_groups"][1]["openstack"]["provider_id_region"] = "RegionTwo"
+    write_config(tmp_path, data)
+    async with serving(path) as (provider, ca):
+        await scale_in_both(provider, ca, private, south)
+        south_ids = sorted(s.server_id for s in south.nova.live_servers())
+        north = private.nova.live_servers()[0].server_id
+        assert sorted(i.id for i in await ca.nodes("gpu")) == [
+            f"openstack://RegionTwo/{i}" for i in south_ids
+        ]
+        assert [i.id for i in await ca.nodes("workers")] == [f"openstack:///{north}"]
+        assert (await ca.group_for_node("n", f"openstack://RegionTwo/{south_ids[0]}")).id == "gpu"
+        assert (await ca.group_for_node("n", f"openstack:///{north}")).id == "workers"
+        assert (await ca.group_for_node("n", f"openstack:///{south_ids[0]}")).id == ""
+        assert (await ca.group_for_node("n", f"openstack://RegionTwo/{north}")).id == ""
+        # CA deletes by the id it was given: the regional one.
+        await ca.delete("gpu", [("n", f"openstack://RegionTwo/{south_ids[0]}")])
+        await eventually(
+            lambda: [s.server_id for s in south.nova.live_servers()] == south_ids[1:],
+            what="the named server deleted",
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await ca.delete("gpu", [("n", f"openstack:///{south_ids[1]}")])
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
+        assert "neither 'openstack://RegionTwo/<server-uuid>'" in str(refused.value.details())
+        assert len(south.nova.live_servers()) == 1
+
+        # A reload may not change how a place spells its ids: that needs a restart.
+        data["node_groups"][1]["openstack"]["provider_id_region"] = "Elsewhere"
+        write_config(tmp_path, data)
+        assert await provider.app.reload_once() == "rejected"
+        assert {i.id for i in await ca.nodes("gpu")} == {
+            f"openstack://RegionTwo/{i}" for i in south_ids
+        }  # the one deleted still listed, as deleting

@@ -585,41 +585,28 @@ class OpenStackCloud:
         settings = self._settings
         if settings.auth is not None:
             return "openstack.auth in osas's configuration"
+        if settings.cloud and settings.clouds_file is not None:
+            return f"the entry {settings.cloud!r} of {settings.clouds_file} (clouds_file)"
         if settings.cloud:
             return f"the clouds.yaml entry {settings.cloud!r} (openstack.cloud)"
         return "OS_CLOUD or the OS_* variables"
 
     def _default_connect(self) -> openstack.connection.Connection:
         settings = self._settings
-        options: dict[str, Any] = {"api_timeout": settings.api_timeout}
-        if settings.auth is not None:
-            options["auth"] = settings.auth.as_sdk_auth()
-            options["auth_type"] = settings.auth.auth_type
-        if settings.region_name:
-            options["region_name"] = settings.region_name
-        if settings.interface:
-            options["interface"] = settings.interface
-        if settings.cacert is not None:
-            options["cacert"] = str(settings.cacert)
-        if not settings.verify:
-            options["verify"] = False
-        # An auth block stands alone: openstacksdk would otherwise merge it with whatever
-        # clouds.yaml or OS_* variables it finds (a password next to an application
-        # credential, a pinned microversion), and take a lone clouds.yaml entry as default.
-        standalone = settings.auth is not None
-        try:
-            loader = sdk_config_loader.OpenStackConfig(
-                app_name="osas", load_yaml_config=not standalone, load_envvars=not standalone
-            )
-        except sdk_exceptions.ConfigException as exc:
-            raise CloudConfigurationError(f"{exc}: fix {self._source}") from None
+        loader = self._config_loader()
         # The files the credentials come from, watched for changes (``_connection``).
         self._credential_files = tuple(
             name for name in (loader.config_filename, loader.secure_config_filename) if name
         )
+        own_file = settings.clouds_file
         try:
-            region = loader.get_one(cloud=settings.cloud, **options)
+            region = loader.get_one(cloud=settings.cloud, **self._connect_options())
         except sdk_exceptions.ConfigException as exc:
+            if own_file is not None and loader.config_filename is None:
+                raise CloudConfigurationError(
+                    f"clouds_file {own_file} cannot be read or is not YAML: fix the file, or "
+                    "the Secret mounted there"
+                ) from None
             if settings.cloud and loader.config_filename is None:
                 folders = ", ".join(dict.fromkeys(sdk_config_loader.CONFIG_SEARCH_PATH))
                 raise CloudConfigurationError(
@@ -637,6 +624,50 @@ class OpenStackCloud:
             raise CloudConfigurationError(f"{exc}: fix {self._source}") from None
         self._region = region.region_name or ""
         return openstack.connection.Connection(config=region)
+
+    def _config_loader(self) -> sdk_config_loader.OpenStackConfig:
+        """openstacksdk's reader of clouds.yaml and OS_* variables, reading what this place's
+        credentials may come from and nothing else."""
+        settings = self._settings
+        # An auth block stands alone: openstacksdk would otherwise merge it with whatever
+        # clouds.yaml or OS_* variables it finds (a password next to an application
+        # credential, a pinned microversion), and take a lone clouds.yaml entry as default.
+        standalone = settings.auth is not None
+        # A clouds_file stands alone too: its cloud is read from it (and a secure.yaml beside
+        # it), never from OS_CLIENT_CONFIG_FILE, another clouds.yaml or OS_* variables.
+        own_file = settings.clouds_file
+        files: dict[str, Any] = {}
+        if own_file is not None:
+            files = {
+                "config_files": [str(own_file)],
+                "secure_files": [str(own_file.with_name("secure.yaml"))],
+            }
+        try:
+            return sdk_config_loader.OpenStackConfig(
+                app_name="osas",
+                load_yaml_config=not standalone,
+                load_envvars=not (standalone or own_file),
+                **files,
+            )
+        except sdk_exceptions.ConfigException as exc:
+            raise CloudConfigurationError(f"{exc}: fix {self._source}") from None
+
+    def _connect_options(self) -> dict[str, Any]:
+        """What the configuration says beside the cloud's own settings, for ``get_one``."""
+        settings = self._settings
+        options: dict[str, Any] = {"api_timeout": settings.api_timeout}
+        if settings.auth is not None:
+            options["auth"] = settings.auth.as_sdk_auth()
+            options["auth_type"] = settings.auth.auth_type
+        if settings.region_name:
+            options["region_name"] = settings.region_name
+        if settings.interface:
+            options["interface"] = settings.interface
+        if settings.cacert is not None:
+            options["cacert"] = str(settings.cacert)
+        if not settings.verify:
+            options["verify"] = False
+        return options
 
     def _new_connection(self) -> openstack.connection.Connection:
         """Building a connection does no I/O, so whatever fails here (openstacksdk answers an

@@ -67,6 +67,8 @@ class OpenStackSettings:
     the ``OS_CLOUD`` / ``OS_*`` environment as every OpenStack tool reads it."""
 
     cloud: str | None = None
+    # The clouds.yaml to read ``cloud`` from, alone: no OS_* variable, no other file.
+    clouds_file: Path | None = None
     auth: OpenStackAuth | None = None
     region_name: str | None = None
     interface: str | None = None

@@ -33,6 +33,8 @@ class Place:
     region: str
     settings: OpenStackSettings
     group_ids: tuple[str, ...]
+    # The region in the provider ids of the nodes here ("" for ``openstack:///<uuid>``).
+    provider_id_region: str = ""
 
     def __str__(self) -> str:
         return f"{self.cloud}, region {self.region or '(the default)'}"
@@ -52,25 +54,35 @@ def places_of(config: OsasConfig) -> tuple[Place, ...]:
     one place say different ways to reach it (verify, cacert, interface), and when two places
     would go by one name (the same cloud and region with other credentials)."""
     top = config.openstack_settings()
-    found: dict[tuple[object, ...], tuple[str, str, OpenStackSettings, list[str]]] = {}
-    found[_key(top)] = (*_names(top), top, [])
+    found: dict[tuple[object, ...], tuple[str, str, OpenStackSettings, str, list[str]]] = {}
+    found[_key(top)] = (*_names(top), top, config.provider_id_region, [])
     for group in config.node_groups:
-        settings = top if group.openstack is None else _settings(top, group.openstack)
+        block = group.openstack
+        settings = top if block is None else _settings(top, block)
+        ids = config.provider_id_region
+        if block is not None and block.provider_id_region is not None:
+            ids = block.provider_id_region
         key = _key(settings)
         if key not in found:
-            found[key] = (*_names(settings), settings, [])
-        cloud, region, first, groups = found[key]
+            found[key] = (*_names(settings), settings, ids, [])
+        cloud, region, first, first_ids, groups = found[key]
+        where = groups[0] if groups else "the top-level openstack block"
         if _reach(settings) != _reach(first):
-            where = groups[0] if groups else "the top-level openstack block"
             raise ValueError(
                 f"node group {group.group_id!r} lives in {cloud}, region {region or '(default)'} "
                 f"as {where} does, but says another verify, cacert or interface: one place is "
                 "reached one way"
             )
+        if ids != first_ids:
+            raise ValueError(
+                f"node group {group.group_id!r} lives in {cloud}, region {region or '(default)'} "
+                f"as {where} does, but says its nodes' provider ids name region {ids!r}, not "
+                f"{first_ids!r}: cloud-provider-openstack spells the ids of one place one way"
+            )
         groups.append(group.group_id)
     places = tuple(
-        Place(cloud, region, settings, tuple(groups))
-        for cloud, region, settings, groups in found.values()
+        Place(cloud, region, settings, tuple(groups), ids)
+        for cloud, region, settings, ids, groups in found.values()
     )
     named: dict[PlaceKey, Place] = {}
     for place in places:
@@ -90,6 +102,7 @@ def _settings(top: OpenStackSettings, block: GroupOpenStackConfig) -> OpenStackS
     return dataclasses.replace(
         top,
         cloud=block.cloud,
+        clouds_file=block.clouds_file,
         auth=block.auth,
         region_name=block.region_name,
         interface=block.interface,
@@ -104,7 +117,7 @@ def _source(settings: OpenStackSettings) -> tuple[object, ...]:
     if auth is not None:
         return ("auth", *_auth_identity(auth))
     if settings.cloud:
-        return ("cloud", settings.cloud)
+        return ("cloud", settings.cloud, settings.clouds_file)
     return (ENVIRONMENT,)
 
 

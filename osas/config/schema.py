@@ -247,6 +247,8 @@ def _is_loopback(address: str) -> bool:
 
 class OpenStackConfig(_Strict):
     cloud: str | None = None  # an entry of clouds.yaml
+    # The clouds.yaml that entry is read from, alone (see GroupOpenStackConfig.clouds_file).
+    clouds_file: Path | None = None
     auth: OpenStackAuth | None = None
     region_name: str | None = None
     interface: Literal["public", "internal", "admin"] | None = None
@@ -263,6 +265,8 @@ class OpenStackConfig(_Strict):
     def _one_source(self) -> Self:
         if self.cloud and self.auth:
             raise ValueError("give either 'cloud' (clouds.yaml) or 'auth', not both")
+        if self.clouds_file and not self.cloud:
+            raise ValueError("clouds_file goes with 'cloud', the entry to read from it")
         return self
 
 
@@ -273,16 +277,24 @@ class GroupOpenStackConfig(_Strict):
     top-level block's, applied to each place apart."""
 
     cloud: str | None = None  # an entry of clouds.yaml
+    # The clouds.yaml that entry is read from, alone (no OS_* variables, no other clouds.yaml;
+    # a secure.yaml beside it is read with it): each cloud's credentials in a Secret of its own.
+    clouds_file: Path | None = None
     auth: OpenStackAuth | None = None
     region_name: str | None = None
     interface: Literal["public", "internal", "admin"] | None = None
     verify: bool | None = None
     cacert: Path | None = None
+    # The region in the provider ids of this place's nodes, when cloud-provider-openstack runs
+    # regional here; by default the top-level provider_id_region.
+    provider_id_region: str | None = Field(None, pattern=r"^[^/\s]*$")
 
     @model_validator(mode="after")
     def _says_where(self) -> Self:
         if self.cloud and self.auth:
             raise ValueError("give either 'cloud' (clouds.yaml) or 'auth', not both")
+        if self.clouds_file and not self.cloud:
+            raise ValueError("clouds_file goes with 'cloud', the entry to read from it")
         if not (self.cloud or self.auth or self.region_name):
             raise ValueError(
                 "name the group's cloud ('cloud' or 'auth'), its 'region_name', or both; "
