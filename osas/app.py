@@ -262,7 +262,9 @@ class PlaceEngine:
             settings,
             leading=leadership.may_write,
             metrics=metrics,
+            place=place.key,
         )
+        metrics.add_place(place.key)
         self.workers = Workers(
             cloud,
             self.inventory,

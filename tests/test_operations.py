@@ -145,7 +145,7 @@ def check_fresh(first: Samples) -> None:
     assert ("osas_creates_total", frozenset({("group", "big"), ("result", "created")})) in first
     assert value(first, "osas_queue_capacity", **AT_PLACE) == 200
     assert value(first, "osas_inventory_age_seconds", **AT_PLACE) >= 0
-    assert value(first, "osas_reconcile_duration_seconds_count", kind="full") >= 1
+    assert value(first, "osas_reconcile_duration_seconds_count", **AT_PLACE, kind="full") >= 1
     build = next(key for key in first if key[0] == "osas_build_info")
     assert {"version", "python", "grpcio", "openstacksdk"} <= dict(build[1]).keys()
 
@@ -323,8 +323,8 @@ async def test_healthz_answers_through_an_outage_and_readyz_follows_the_inventor
         samples = await scrape(port)
         assert value(samples, "osas_ready") == 0
         assert value(samples, "osas_inventory_age_seconds", **AT_PLACE) > 1
-        failures = value(samples, "osas_reconcile_failures_total", kind="incremental")
-        failures += value(samples, "osas_reconcile_failures_total", kind="full")
+        failures = value(samples, "osas_reconcile_failures_total", **AT_PLACE, kind="incremental")
+        failures += value(samples, "osas_reconcile_failures_total", **AT_PLACE, kind="full")
         assert failures >= 1
         # After the first sync too, the outage's length and cause, on the screen and in /status.
         document = json.loads((await fetch(port, "/status"))[1])
@@ -388,7 +388,7 @@ async def test_an_outage_at_start_shows_its_cause_in_status_readyz_and_metrics(t
         assert "attempt(s) failed), the last: " in text
         assert cause in text
         samples = await scrape(port)
-        assert value(samples, "osas_reconcile_failures_total", kind="full") >= 3
+        assert value(samples, "osas_reconcile_failures_total", **AT_PLACE, kind="full") >= 3
         assert value(samples, "osas_reconcile_failing_seconds", **AT_PLACE) > 0
         result = await asyncio.to_thread(osas_status, f"http://127.0.0.1:{port}")
         assert result.returncode == 1, result.stderr

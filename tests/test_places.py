@@ -369,6 +369,11 @@ async def test_status_metrics_and_logs_say_which_place_fails(
         one = {"cloud": cloud, "region": "RegionOne"}
         assert registry.get_sample_value("osas_reconcile_failing_seconds", one) == 0
         assert registry.get_sample_value("osas_node_group_place", {"group": "gpu", **two}) == 1
+        failures = "osas_reconcile_failures_total"
+        assert registry.get_sample_value(failures, {**two, "kind": "incremental"}) >= 1
+        assert registry.get_sample_value(failures, {**one, "kind": "incremental"}) == 0
+        synced = "osas_reconcile_duration_seconds_count"
+        assert registry.get_sample_value(synced, {**one, "kind": "incremental"}) >= 1
     failed = [
         record.msg
         for record in caplog.records

@@ -70,15 +70,17 @@ class EngineMetrics:
         )
         self.sync_duration = Histogram(
             "osas_reconcile_duration_seconds",
-            "Successful syncs with OpenStack, by kind (full, incremental).",
-            ["kind"],
+            "Successful syncs with OpenStack, by place (cloud, region) and kind (full, "
+            "incremental).",
+            ["cloud", "region", "kind"],
             buckets=_SYNC_BUCKETS,
             registry=registry,
         )
         self.sync_failures = Counter(
             "osas_reconcile_failures",
-            "Syncs with OpenStack that failed, by kind (full, incremental).",
-            ["kind"],
+            "Syncs with OpenStack that failed, by place (cloud, region) and kind (full, "
+            "incremental).",
+            ["cloud", "region", "kind"],
             registry=registry,
         )
         self.problems_detected = Counter(
@@ -101,12 +103,15 @@ class EngineMetrics:
             ["group", "problem"],
             registry=registry,
         )
-        for kind in SYNC_KINDS:
-            self.sync_duration.labels(kind)
-            self.sync_failures.labels(kind)
         for problem in Problem:
             self.problems_detected.labels(problem.value)
         self.add_groups(cluster)
+
+    def add_place(self, place: tuple[str, str]) -> None:
+        """Series for a place's syncs (cloud, region), so that they read 0 rather than nothing."""
+        for kind in SYNC_KINDS:
+            self.sync_duration.labels(*place, kind)
+            self.sync_failures.labels(*place, kind)
 
     def add_groups(self, cluster: ClusterSpec) -> None:
         """Series for every configured group, so that they read 0 rather than nothing."""
@@ -137,13 +142,13 @@ class EngineMetrics:
         for order in orders.deletes:
             self.delete_orders.labels(order.group_id, order.reason.value).inc()
 
-    def record_sync(self, *, full: bool, seconds: float | None) -> None:
-        """A sync that took ``seconds``, or failed (None)."""
+    def record_sync(self, place: tuple[str, str], *, full: bool, seconds: float | None) -> None:
+        """A sync of ``place`` (cloud, region) that took ``seconds``, or failed (None)."""
         kind = SYNC_KINDS[0] if full else SYNC_KINDS[1]
         if seconds is None:
-            self.sync_failures.labels(kind).inc()
+            self.sync_failures.labels(*place, kind).inc()
         else:
-            self.sync_duration.labels(kind).observe(seconds)
+            self.sync_duration.labels(*place, kind).observe(seconds)
 
     def record_problems(self, changes: Iterable[ProblemChange]) -> None:
         for change in changes:

@@ -131,8 +131,10 @@ class Reconciler:
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         leading: Callable[[], bool] = lambda: True,
         metrics: EngineMetrics | None = None,
+        place: tuple[str, str] = ("", ""),
     ) -> None:
         self._clock = clock
+        self._place = place  # (cloud, region): what its syncs are labelled with
         # A standby keeps its inventory warm with incremental syncs alone: the complete listing
         # (78 MB of Nova's answers at 50,000 servers) is the writer's, and the first one a new
         # leader makes (``want_complete``).
@@ -263,7 +265,7 @@ class Reconciler:
         self.status.failing_since = None
         carry_out(orders, self._queue, self._metrics)
         if self._metrics is not None:
-            self._metrics.record_sync(full=full, seconds=time.perf_counter() - begun)
+            self._metrics.record_sync(self._place, full=full, seconds=time.perf_counter() - begun)
         configured = {spec.group_id for spec in self._inventory.cluster.node_groups}
         now = time.time()
         changes = self.problems.review(
@@ -340,7 +342,7 @@ class Reconciler:
         except CloudError as exc:
             self._failed(exc)
             if self._metrics is not None:
-                self._metrics.record_sync(full=full, seconds=None)
+                self._metrics.record_sync(self._place, full=full, seconds=None)
             raise
         finally:
             self.status.waiting_for = self.status.waiting_since = None
