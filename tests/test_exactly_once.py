@@ -44,6 +44,7 @@ from osas.domain.ledger import IN_DOUBT_CODE
 from osas.domain.servers import META_REQUEST
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.sim import CLOUD_NAME, SimulatedOpenStack
+from osas.sim.kubernetes import KubeStandIn
 from osas.sim.model import FakeNova
 
 OUT_OF_RESOURCES, OTHER = 1, 99
@@ -421,5 +422,54 @@ async def test_a_complete_listing_that_misses_servers_takes_nothing_away(tmp_pat
                 await eventually(lambda: len(ours(sim)) == 6, timeout=10, what="deleted")
                 await provider.sync(full=True)
                 assert await ca.target_size("big") == 6
+        finally:
+            await provider.stop()
+
+
+async def test_a_scale_up_right_after_a_scale_down_never_takes_nova_beyond_max_size(tmp_path):
+    """Invariant: Nova never holds more servers of a group than max_size that it is not
+    deleting. Under a Lease, CA's DeleteNodes is answered once the promise is recorded and
+    lowers the target at once, so an IncreaseSize right after it takes the room; Nova's API is
+    slow to take the DELETE (a second), not the create: the create waits until Nova has taken
+    the DELETE, and never lands first."""
+    with SimulatedOpenStack(FakeNova(build_seconds=0.05)) as sim, KubeStandIn() as kube:
+        seed_ours(sim.nova, 3, group="big")
+        election = {
+            "enabled": True,
+            "kubeconfig": str(kube.write_kubeconfig(tmp_path / "kubeconfig")),
+            "lease_namespace": "kube-system",
+        }
+        config = big_config(tmp_path, node_groups=[group(max_size=3)], leader_election=election)
+        provider = Provider(config, cloud_for(sim))
+        await provider.start()
+        peak = 0
+
+        async def watch() -> None:
+            nonlocal peak
+            while True:
+                standing = [s for s in ours(sim) if s.deleting_since is None]
+                peak = max(peak, len(standing))
+                await asyncio.sleep(0.005)
+
+        try:
+            async with ca_client(provider.address) as ca:
+                await eventually(provider.app.leadership.may_write, what="elected")
+                await provider.sync()
+                watcher = asyncio.ensure_future(watch())
+                sim.nova.faults.delete_stall = 1.0
+                (first, *_) = await ca.nodes("big")
+                await ca.delete("big", [("node-0", first.id)])
+                await ca.increase("big", 1)
+                assert await ca.target_size("big") == 3
+                await eventually(
+                    lambda: (
+                        len([s for s in ours(sim) if s.deleting_since is None]) == 3
+                        and len(requests_made(sim)) == 2
+                    ),  # the seeded ones' "" and the new one
+                    what="the named server deleted, its replacement made",
+                    timeout=10,
+                )
+                watcher.cancel()
+                assert peak == 3
         finally:
             await provider.stop()

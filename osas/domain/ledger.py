@@ -20,7 +20,9 @@ call. The invariants osas promises live here:
   sharing a request id, a group above max_size) is reported, never deleted.
 - **Never above max_size by osas's doing.** IncreaseSize cannot pass max_size; a reload that
   lowers it cancels the creates not yet sent beyond it (reported failed, as CA expects of a
-  create that will not happen), lets those in flight finish, and deletes no server.
+  create that will not happen), lets those in flight finish, and deletes no server. In Nova
+  too: a create waits while a DELETE CA asked for, not yet taken by Nova, would leave the group
+  beyond max_size if the create landed first (``create_waits``).
 - Nothing is deleted that a listing did not show carrying this cluster's marks (the snapshot
   holds only such servers; the worker checks the marks again right before deleting).
 - The generation of a group's answers is bumped by the few primitives that change what CA sees
@@ -65,6 +67,10 @@ class CreateState(Enum):
     IN_DOUBT = "in-doubt"  # sent, outcome unknown: waiting for a listing to show its server
     CREATED = "created"  # Nova answered with the server; no listing has shown it yet
     FAILED = "failed"  # certainly not made; reported with error info until CA removes it
+
+
+# Creates Nova may hold a server of, not listed yet.
+_SENT = frozenset({CreateState.SENDING, CreateState.IN_DOUBT, CreateState.CREATED})
 
 
 @dataclass(slots=True)
@@ -232,6 +238,7 @@ class _DeleteMark:
     reason: DeleteReason
     generation: int  # the sync generation current when the server was marked
     sent_at: float  # when the delete was last handed to a worker or sent
+    taken: bool = False  # Nova took the DELETE (answered it, or the server was gone)
 
 
 # -- plans the controller accepts ----------------------------------------------------------------
@@ -605,6 +612,37 @@ class Ledger:
 
     # -- outcomes ---------------------------------------------------------------------------------
 
+    def create_waits(self, request_id: str) -> bool:
+        """Whether this queued create must wait before it is sent. A server CA deleted leaves
+        the target at once, but stays in Nova until Nova takes its DELETE, and a create sent
+        meanwhile may land first. The create waits while sending it could take the group's
+        servers in Nova (those it is not deleting, and creates sent and not listed) beyond
+        max_size because of such DELETEs; never for anything else. O(the group's deletes
+        and creates in hand)."""
+        create = self._creates.get(request_id)
+        if create is None or create.state is not CreateState.QUEUED:
+            return False
+        group_id = create.group_id
+        spec = self._cluster.group(group_id)
+        if spec is None:
+            return False
+        snapshot = self._snapshot
+        taken = untaken = 0
+        for server_id in self._deleting_by_group.get(group_id, ()):
+            server = snapshot.get(server_id)
+            if server is None or server.is_deleting:
+                continue  # gone, or Nova is deleting it: not counted
+            if self._deleting[server_id].taken:
+                taken += 1
+            else:
+                untaken += 1
+        if not untaken:
+            return False
+        sent = sum(
+            1 for other in self._creates_by_group.get(group_id, {}).values() if other.state in _SENT
+        )
+        return snapshot.counted(group_id) - taken + sent + 1 > spec.max_size
+
     def take_create(self, request_id: str) -> Create | None:
         """A worker is about to send this create; None when it must not (cancelled, settled)."""
         create = self._creates.get(request_id)
@@ -656,6 +694,7 @@ class Ledger:
         if outcome is DeleteOutcome.SENT:
             if mark is not None:
                 mark.sent_at = now
+                mark.taken = True
         elif outcome is DeleteOutcome.GONE:
             server = self._snapshot.forget(server_id)
             if server is not None and server.request_id:
@@ -667,7 +706,8 @@ class Ledger:
                 # may still show the server, and must not bring it back as running.
                 reason = mark.reason if mark is not None else DeleteReason.REQUESTED
                 self._unmark(server_id)
-                self._deleting[server_id] = _DeleteMark(group_id, reason, self._generation, now)
+                mark = _DeleteMark(group_id, reason, self._generation, now, taken=True)
+                self._deleting[server_id] = mark
                 self._deleting_by_group.setdefault(group_id, set()).add(server_id)
                 self._changed(group_id)
         elif outcome is DeleteOutcome.NOT_OURS:

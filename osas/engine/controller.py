@@ -475,6 +475,7 @@ class NodeGroupView:
                 if isinstance(result, DeleteOutcome) and result is not DeleteOutcome.FAILED:
                     now = anyio.current_time()
                     controller.carry_out(ledger.finish_delete(server_id, result, now))
+                    controller.queue.release_held()  # a create waiting for it may go now
                     settled.add(server_id)
                 elif isinstance(result, DeleteOutcome):
                     unsent[server_id] = "this osas is no longer the leader"

@@ -35,19 +35,22 @@ class TaskQueue:
     """A bounded queue of tasks; a batch goes in whole or not at all.
 
     Deletes go before creates: they are cheap, free quota, and must all be sent at shutdown.
-    Every task queued or being worked on is "in hand", so that nothing is queued twice.
+    Every task queued or being worked on is "in hand", so that nothing is queued twice. A
+    create that must wait (for its group's deletes to reach Nova) is held aside, still in hand
+    and counted, and queued again by ``release_held``: it takes no worker while it waits.
     """
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._deletes: deque[DeleteTask] = deque()
         self._creates: deque[CreateTask] = deque()
+        self._held: dict[CreateTask, None] = {}  # in the order they were held
         self._in_hand: set[Task] = set()
         self._changed = anyio.Event()
         self._closed = False
 
     def __len__(self) -> int:
-        return len(self._deletes) + len(self._creates)
+        return len(self._deletes) + len(self._creates) + len(self._held)
 
     @property
     def room(self) -> int:
@@ -114,13 +117,34 @@ class TaskQueue:
         self._changed = anyio.Event()
 
     def done(self, task: Task) -> None:
-        self._in_hand.discard(task)
+        if task not in self._held:
+            self._in_hand.discard(task)
+
+    def hold(self, task: CreateTask) -> None:
+        """A create taken from the queue that must wait: set aside, in hand, until released."""
+        self._held[task] = None
+
+    def held(self) -> int:
+        return len(self._held)
+
+    def release_held(self) -> None:
+        """Queue the held creates again, first among the creates (they were taken before the
+        others), for a worker to look at them again."""
+        if not self._held:
+            return
+        tasks = list(self._held)
+        self._held.clear()
+        if self._closed:
+            return  # ``close`` returned them already
+        self._creates.extendleft(reversed(tasks))
+        self._wake()
 
     def close(self) -> list[CreateTask]:
         """No more creates: queued ones are taken out and returned; queued deletes stay for the
         workers to send before they stop."""
         self._closed = True
-        creates = list(self._creates)
+        creates = [*self._held, *self._creates]
+        self._held.clear()
         self._creates.clear()
         self._in_hand.difference_update(creates)
         self._wake()

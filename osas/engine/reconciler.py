@@ -264,6 +264,9 @@ class Reconciler:
         self.status.consecutive_failures = 0
         self.status.failing_since = None
         carry_out(orders, self._queue, self._metrics)
+        # A listing may show a DELETE taken (or a reload raised max_size): held creates look
+        # again.
+        self._queue.release_held()
         if self._metrics is not None:
             self._metrics.record_sync(self._place, full=full, seconds=time.perf_counter() - begun)
         configured = {spec.group_id for spec in self._inventory.cluster.node_groups}

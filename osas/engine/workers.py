@@ -241,6 +241,12 @@ class Workers:
                 now = anyio.current_time()
                 self._carry_out(self._ledger.drop_queued([task.request_id], now))
                 return
+            if self._ledger.create_waits(task.request_id):
+                # Sent now, it could land before a DELETE Nova has not taken yet and leave the
+                # group beyond max_size in Nova: set aside (no worker waits) until one is.
+                log.debug("create waits for its group's deletes to reach Nova")
+                self._queue.hold(task)
+                return
             if self._ledger.take_create(task.request_id) is None:
                 return
             outcome = await self._attempt(task, log)
@@ -370,6 +376,7 @@ class Workers:
         elif outcome is DeleteOutcome.FAILED:
             log.warning("delete failed; it is sent again later")
         self._carry_out(self._ledger.finish_delete(task.server_id, outcome, anyio.current_time()))
+        self._queue.release_held()  # a create waiting for this delete may go now
 
     async def _delete_once(self, task: DeleteTask) -> DeleteOutcome:
         # Marks changed since the listing: never delete what is not ours.

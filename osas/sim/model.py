@@ -147,6 +147,7 @@ class Faults:
     lost_create_status: int = 502  # the status of a lost answer (503: keystoneauth resends)
     dropped_create_connections: int = 0  # next creates stored, then the connection is closed
     create_stall: float = 0.0  # every create is stored and answered only after this long
+    delete_stall: float = 0.0  # every DELETE reaches Nova (and is answered) only after this long
     quota_recheck_seconds: float = 0.0  # scheduling window before the conductor's quota re-check
     repeated_pages: int = 0  # next pages asked with a marker start with the marker's server
     skipped_servers: int = 0  # next listing pages leave out their first server (Nova can)

@@ -143,6 +143,7 @@ class Compute:
             ("GET", "/os-quota-sets/{project}/detail", "quotas.detail", self._quota_detail),
             ("GET", "/limits", "limits.get", self._limits),
         ]
+        stalls = {"servers.create": self._create_stall, "servers.delete": self._delete_stall}
         for method, path, operation, handler in api:
             router.add(
                 method,
@@ -150,12 +151,16 @@ class Compute:
                 f"compute.{operation}",
                 self._versioned(handler),
                 faulty=True,
-                # A stalled API worker: the create is stored late, after the client gave up.
-                stall=self._create_stall if operation == "servers.create" else None,
+                # A stalled API worker: the create is stored late, after the client gave up;
+                # a DELETE reaches Nova late.
+                stall=stalls.get(operation),
             )
 
     def _create_stall(self) -> float:
         return self.nova.faults.create_stall
+
+    def _delete_stall(self) -> float:
+        return self.nova.faults.delete_stall
 
     # -- microversions ----------------------------------------------------------------------------
 
