@@ -266,7 +266,7 @@ async def test_groups_in_two_regions_each_scale_in_their_own(tmp_path, two_place
 async def test_a_failing_region_slows_and_fails_nothing_elsewhere(tmp_path, two_places):
     """RegionTwo answering 503 to every call past its max_inventory_age: Refresh still
     succeeds (CA's loop goes on), RegionOne's groups scale; RegionTwo's groups answer from
-    what it last listed. Refresh fails only once no region is fresh."""
+    what it last listed and refuse scale-ups. Refresh fails only once no region is fresh."""
     private, south, _ = two_places
     path = two_region_config(tmp_path, private, interval="1s", max_inventory_age="2s")
     async with serving(path) as (provider, ca):
@@ -277,6 +277,14 @@ async def test_a_failing_region_slows_and_fails_nothing_elsewhere(tmp_path, two_
         assert "OpenStack unreachable?" in stale
         await ca.refresh()
         assert await ca.target_size("gpu") == 0  # its last listing's, not an error
+        # A scale-up there would sit in doubt, unseen by CA: refused, so that CA backs the
+        # group off and scales another; nothing is queued.
+        with pytest.raises(grpc.aio.AioRpcError) as held:
+            await ca.increase("gpu", 1)
+        assert held.value.code() is grpc.StatusCode.UNAVAILABLE
+        assert "node group 'gpu' cannot scale up now: inventory is" in str(held.value.details())
+        assert await ca.target_size("gpu") == 0
+        assert len(engine_of(provider, "RegionTwo").queue) == 0
         await ca.increase("workers", 2)
         await eventually(lambda: len(private.nova.live_servers()) == 2, what="RegionOne scales")
         private.nova.faults.error_rate = 1.0

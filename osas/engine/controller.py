@@ -345,6 +345,12 @@ class NodeGroupView:
         only once the promise record holding them is written, before the answer. A record
         that cannot be written fails the call with the creates taken back."""
         controller, group_id = self._controller, self.spec.group_id
+        stale = controller.staleness()
+        if stale is not None:
+            # The group's place out of reach past max_inventory_age: a create sent there now
+            # would sit in doubt, creating to CA with no error, until the place is back and
+            # the doubt window over. Refused, CA backs the group off and scales another.
+            raise NotReady(f"node group {group_id!r} cannot scale up now: {stale}")
         inventory = controller.inventory
         now = anyio.current_time()
         plan = plan_increase(controller.cluster, inventory, group_id, delta, now)
