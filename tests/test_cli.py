@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -97,10 +98,24 @@ def test_demo_runs_to_completion():
     )
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
-    for step in range(1, 8):
-        assert f"[{step}/7]" in out
+    for step in range(1, 11):
+        assert f"[{step}/10]" in out
     assert "errorCode=QuotaExceeded class=1" in out
     assert "servers left in Nova: 1" in out
+    # A second group in RegionTwo: that region fails (its scale-ups refused), the first scales
+    # on, Refresh never fails.
+    assert "node group workers-two: min 0, max 4 (in osas-sim, region RegionTwo" in out
+    assert "region RegionTwo (workers-two): OpenStack FAILING for" in out
+    assert "/readyz: 200 ready" in out
+    assert "workers scaled to 3 running in RegionOne while RegionTwo failed" in out
+    assert "refused, UNAVAILABLE: node group 'workers-two' cannot scale up now" in out
+    assert re.search(
+        r"CA's Refresh answered OK in all \d+ of its loops while RegionTwo failed", out
+    )
+    # RegionTwo recovers, and its group scales on.
+    assert "RegionTwo recovered and workers-two scaled on; " in out
+    assert "servers in Nova: RegionOne 3, RegionTwo 3" in out
+    assert "osas-sim, region RegionTwo (workers-two): last sync" in out  # osas status
     assert "osas status --url http://127.0.0.1:" in out  # read over HTTP from metrics_listen
     assert "GROUP" in out
     assert "failures CA sees: none" in out
