@@ -176,22 +176,21 @@ def with_errors(count: int) -> Check:
     return check
 
 
-def place_in(status: Mapping[str, Any], region: str) -> dict[str, Any]:
-    """The ``places`` entry of ``/status`` for a region."""
-    for place in status["places"]:
-        if place["region"] == region:
-            found: dict[str, Any] = place
+def entry_of(status: Mapping[str, Any], section: str, key: str, value: str) -> dict[str, Any]:
+    """The entry of a ``/status`` list (``places``, ``groups``) whose ``key`` is ``value``."""
+    for entry in status[section]:
+        if entry[key] == value:
+            found: dict[str, Any] = entry
             return found
-    raise DemoFailed(f"/status names no place in region {region}")
+    raise DemoFailed(f"/status names no {section} entry with {key} {value}")
+
+
+def place_in(status: Mapping[str, Any], region: str) -> dict[str, Any]:
+    return entry_of(status, "places", "region", region)
 
 
 def group_in(status: Mapping[str, Any], group_id: str) -> dict[str, Any]:
-    """The ``groups`` entry of ``/status`` for a node group."""
-    for group in status["groups"]:
-        if group["id"] == group_id:
-            found: dict[str, Any] = group
-            return found
-    raise DemoFailed(f"/status names no node group {group_id}")
+    return entry_of(status, "groups", "id", group_id)
 
 
 def describe_place(place: Mapping[str, Any]) -> str:
