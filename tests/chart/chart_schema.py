@@ -37,8 +37,10 @@ DESCRIPTIONS = {
     ("tls", "server_names"): "added to the Service's name",
     ("cloud_backend",): "retired: osas runs against OpenStack only; accepted and ignored",
     ("openstack", "cloud"): "the clouds.yaml entry; the chart sets `openstack` with clouds.yaml "
-    "credentials and refuses it with OS_* variables",
+    "credentials and refuses it with OS_* variables, unless it is a cloud of credentials.clouds",
     ("openstack", "auth"): "refused: credentials belong in a Secret (credentials)",
+    ("openstack", "clouds_file"): "refused: the chart writes it for a cloud of "
+    "credentials.clouds, whose Secret it mounts",
     ("leader_election",): "one writer among the replicas, elected through a coordination.k8s.io "
     "Lease",
     ("leader_election", "enabled"): "the chart's default is true; false only with replicaCount 1",
@@ -54,8 +56,10 @@ DESCRIPTIONS = {
     ("node_groups", "user_data_file"): "a template in a mounted Secret (userDataSecrets)",
     ("node_groups", "user_data_vars"): "template variables read from files: name -> path",
     ("node_groups", "openstack"): "where the group lives when not where `openstack` says: "
-    "region_name, or cloud (another entry of the clouds.yaml Secret) with its verify, cacert, "
-    "interface",
+    "region_name, or cloud (another entry of the clouds.yaml Secret, or a cloud of "
+    "credentials.clouds) with its verify, cacert, interface; provider_id_region",
+    ("node_groups", "openstack", "clouds_file"): "refused: the chart writes it for a cloud of "
+    "credentials.clouds, whose Secret it mounts",
 }
 
 

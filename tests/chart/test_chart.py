@@ -35,11 +35,11 @@ from chartkit import (
     render_files,
     validate,
 )
-from node_examples import markdown_blocks
+from node_examples import markdown_blocks, secret_commands
 from support import make_config, running
 
 import osas
-from osas.config import NodeGroupConfig, OsasConfig, load_config
+from osas.config import NodeGroupConfig, OsasConfig, load_config, places_of
 from osas.config.schema import LeaderElectionConfig
 from osas.demo.certs import DemoAuthority
 
@@ -90,6 +90,76 @@ TWO_GROUPS = [
         "user_data_vars": {"join_token": "/etc/osas/bootstrap/token"},
     },
 ]
+
+# A public cloud's application credential, in a clouds.yaml of its own (credentials.clouds).
+PUBLIC_SECRET = "public-cloud-app-secret"
+PUBLIC_CLOUDS_YAML = {
+    "clouds": {
+        "public": {
+            "auth_type": "v3applicationcredential",
+            "auth": {
+                "auth_url": "https://identity.public.example:5000/v3",
+                "application_credential_id": "4567efgh",
+                "application_credential_secret": PUBLIC_SECRET,
+            },
+            "region_name": "GRA",
+        }
+    }
+}
+CLOUD_FILES = "/etc/openstack-clouds"
+
+
+def group_in(group_id: str, openstack: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A node group, in the place its ``openstack`` block names (the top-level one without)."""
+    group = {**TWO_GROUPS[0], "id": group_id}
+    del group["user_data_file"], group["user_data_vars"]
+    return group if openstack is None else {**group, "openstack": openstack}
+
+
+# Node groups in several clouds: the main clouds.yaml Secret (its entries `openstack` and
+# `private-gpu`), a public cloud's Secret made beforehand, a partner's made by the chart.
+CLOUDS_OF_THEIR_OWN = {
+    "credentials": {
+        "clouds": [
+            {"name": "public", "existingSecret": "osas-openstack-public"},
+            {
+                "name": "partner",
+                "cloudsYaml": yaml.safe_dump(
+                    {"clouds": {"partner": CLOUDS_YAML["clouds"]["openstack"]}}
+                ),
+            },
+        ]
+    },
+    "config": {
+        "node_groups": [
+            group_in("workers"),
+            group_in("south", {"region_name": "South", "provider_id_region": "South"}),
+            group_in("gpu", {"cloud": "private-gpu"}),
+            group_in("burst", {"cloud": "public", "region_name": "GRA"}),
+            group_in("burst-de", {"cloud": "public", "region_name": "DE1"}),
+            group_in("partner", {"cloud": "partner"}),
+        ]
+    },
+}
+# Every cloud in a Secret of its own: no main Secret, config.openstack.cloud one of them.
+EVERY_CLOUD_ITS_OWN = {
+    "credentials": {
+        "existingSecret": "",
+        "clouds": [
+            {"name": "private", "existingSecret": "osas-openstack-private"},
+            {"name": "public", "cloudsYaml": PUBLIC_CLOUDS_YAML},
+        ],
+    },
+    "config": {
+        "openstack": {"cloud": "private"},
+        "node_groups": [
+            group_in("workers"),
+            group_in("workers-2", {"region_name": "RegionTwo"}),
+            group_in("also-private", {"cloud": "private"}),
+            group_in("burst", {"cloud": "public"}),
+        ],
+    },
+}
 
 # name -> (release name, values): every kind of install the chart supports.
 SCENARIOS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -258,6 +328,21 @@ SCENARIOS: dict[str, tuple[str, dict[str, Any]]] = {
             ],
         },
     ),
+    "clouds-of-their-own": ("osas", CLOUDS_OF_THEIR_OWN),
+    "every-cloud-its-own-secret": ("osas", EVERY_CLOUD_ITS_OWN),
+    # OS_* variables for the top-level place, a clouds.yaml Secret for another cloud.
+    "env-and-a-cloud-of-its-own": (
+        "osas",
+        {
+            "credentials": {
+                "env": ENV,
+                "clouds": [{"name": "public", "cloudsYaml": yaml.safe_dump(PUBLIC_CLOUDS_YAML)}],
+            },
+            "config": {
+                "node_groups": [group_in("workers"), group_in("burst", {"cloud": "public"})]
+            },
+        },
+    ),
     "user-data-from-secrets": (
         "osas",
         {
@@ -405,6 +490,36 @@ def test_the_install_pages_values_render_as_written(chart, tmp_path):
         assert str(Path(str(path)).parent) in mounts, path
 
 
+def test_the_install_pages_cloud_of_its_own_renders_as_written(chart, tmp_path):
+    """docs/install.md's burst into a public cloud: its Secret, made by the page's command,
+    mounted where the chart names its clouds.yaml for the group living there."""
+    page = CHART.parent.parent / "docs" / "install.md"
+    blocks = markdown_blocks(page)
+    (values,) = [
+        yaml.safe_load(block.text)
+        for block in blocks
+        if block.lang == "yaml" and "clouds:" in block.text and "credentials:" in block.text
+    ]
+    made = {
+        command.name: command.keys
+        for block in blocks
+        if block.lang == "sh"
+        for command in secret_commands(block.text)
+    }
+    objects = documents(render_files(chart, values))
+    for obj in objects:
+        validate(obj)
+    (cloud,) = values["credentials"]["clouds"]
+    assert "clouds.yaml" in made[cloud["existingSecret"]]
+    mounted = cloud_mounts(objects)
+    assert mounted == {f"{CLOUD_FILES}/{cloud['name']}": cloud["existingSecret"]}
+    config = load_rendered_config(objects, tmp_path)
+    (burst,) = [g for g in config.node_groups if g.openstack is not None]
+    assert burst.openstack.cloud == cloud["name"]
+    assert str(burst.openstack.clouds_file) == f"{CLOUD_FILES}/{cloud['name']}/clouds.yaml"
+    assert config.openstack.clouds_file is None  # the private cloud: the main Secret
+
+
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_ca_cloud_config_parses_as_ca_reads_it_and_the_certificate_covers_it(rendered, scenario):
     files, objects = rendered[scenario]
@@ -508,7 +623,7 @@ def test_no_credential_outside_a_secret(rendered, scenario):
     files, objects = rendered[scenario]
     outside = [o for o in objects if o["kind"] != "Secret"]
     text = yaml.safe_dump_all(outside) + notes(files)
-    for secret in (PASSWORD, APP_SECRET):
+    for secret in (PASSWORD, APP_SECRET, PUBLIC_SECRET):
         assert secret not in text
     assert "auth" not in osas_config(objects).get("openstack", {})
 
@@ -642,6 +757,207 @@ def test_an_existing_env_secret_is_passed_as_environment(rendered):
     assert container(objects)["envFrom"] == [{"secretRef": {"name": "os-env"}}]
     assert "cloud" not in osas_config(objects)["openstack"]
     assert not [o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == "os-env"]
+
+
+# -- clouds with credentials of their own (credentials.clouds) ----------------------------------
+
+
+def cloud_mounts(objects: list[dict[str, Any]]) -> dict[str, str]:
+    """mount path -> the Secret mounted there, for the clouds of credentials.clouds."""
+    pod = deployment(objects)["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    found = {}
+    for mount in pod["containers"][0]["volumeMounts"]:
+        if mount["mountPath"].startswith(CLOUD_FILES + "/"):
+            assert mount["readOnly"] is True
+            assert "subPath" not in mount  # a subPath mount never sees a rotated credential
+            found[mount["mountPath"]] = volumes[mount["name"]]["secret"]["secretName"]
+    return found
+
+
+def clouds_files(objects: list[dict[str, Any]]) -> dict[str, str | None]:
+    """Node group id (and "" for the top-level block) -> the clouds_file the chart wrote."""
+    config = osas_config(objects)
+    files = {"": config["openstack"].get("clouds_file")}
+    for group in config["node_groups"]:
+        files[group["id"]] = (group.get("openstack") or {}).get("clouds_file")
+    return files
+
+
+def test_each_cloud_of_its_own_is_its_secret_mounted_as_a_folder(rendered):
+    _, objects = rendered["clouds-of-their-own"]
+    assert cloud_mounts(objects) == {
+        f"{CLOUD_FILES}/public": "osas-openstack-public",
+        f"{CLOUD_FILES}/partner": "osas-openstack-partner",
+    }
+    # The main clouds.yaml stays where it was, for the groups naming its entries.
+    main = container(objects)
+    assert {"name": "OS_CLIENT_CONFIG_FILE", "value": "/etc/openstack/clouds.yaml"} in main["env"]
+    volumes = {v["name"]: v for v in deployment(objects)["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["openstack"]["secret"]["secretName"] == "osas-openstack"
+    # A Secret made beforehand is not made by the chart; one given as cloudsYaml is.
+    secrets = {o["metadata"]["name"] for o in objects if o["kind"] == "Secret"}
+    assert "osas-openstack-public" not in secrets
+    assert "osas-openstack-partner" in secrets
+
+
+def test_the_groups_of_such_a_cloud_read_it_from_its_file_and_no_other_group_does(
+    rendered, tmp_path
+):
+    _, objects = rendered["clouds-of-their-own"]
+    assert clouds_files(objects) == {
+        "": None,
+        "workers": None,
+        "south": None,  # the top-level cloud's other region
+        "gpu": None,  # another entry of the main clouds.yaml
+        "burst": f"{CLOUD_FILES}/public/clouds.yaml",
+        "burst-de": f"{CLOUD_FILES}/public/clouds.yaml",
+        "partner": f"{CLOUD_FILES}/partner/clouds.yaml",
+    }
+    # osas's own loader takes it, and finds each file in a folder the pod mounts.
+    config = load_rendered_config(objects, tmp_path)
+    mounted = cloud_mounts(objects)
+    places = {place.key: place for place in places_of(config)}
+    assert set(places) == {
+        ("openstack", ""),
+        ("openstack", "South"),
+        ("private-gpu", ""),
+        ("public", "GRA"),
+        ("public", "DE1"),
+        ("partner", ""),
+    }
+    for place in places.values():
+        file = place.settings.clouds_file
+        if place.settings.cloud in {"public", "partner"}:
+            assert file is not None
+            assert str(file.parent) in mounted
+        else:
+            assert file is None
+    assert places[("openstack", "South")].provider_id_region == "South"
+
+
+@pytest.mark.parametrize(
+    ("scenario", "cloud"),
+    [
+        ("clouds-of-their-own", "partner"),  # as text
+        ("every-cloud-its-own-secret", "public"),  # as a mapping
+        ("env-and-a-cloud-of-its-own", "public"),
+    ],
+)
+def test_a_cloud_given_as_clouds_yaml_gets_a_secret_holding_it(rendered, scenario, cloud):
+    _, objects = rendered[scenario]
+    secret = find(objects, "Secret", f"osas-openstack-{cloud}")
+    assert set(secret["data"]) == {"clouds.yaml"}
+    held = yaml.safe_load(base64.b64decode(secret["data"]["clouds.yaml"]))
+    clouds = SCENARIOS[scenario][1]["credentials"]["clouds"]
+    (given,) = [c["cloudsYaml"] for c in clouds if c["name"] == cloud]
+    assert held == (yaml.safe_load(given) if isinstance(given, str) else given)
+    assert secret["metadata"]["labels"]["app.kubernetes.io/instance"] == "osas"
+    # No hash of the credentials where a reader of the pod could test guesses against it.
+    annotations = deployment(objects)["spec"]["template"]["metadata"]["annotations"]
+    assert set(annotations) == {"checksum/config", "cluster-autoscaler.kubernetes.io/safe-to-evict"}
+
+
+def test_every_cloud_in_a_secret_of_its_own_leaves_out_the_main_secret(rendered, tmp_path):
+    _, objects = rendered["every-cloud-its-own-secret"]
+    main = container(objects)
+    assert "OS_CLIENT_CONFIG_FILE" not in env_of(objects)
+    assert "envFrom" not in main
+    assert "/etc/openstack" not in {m["mountPath"] for m in main["volumeMounts"]}
+    assert cloud_mounts(objects) == {
+        f"{CLOUD_FILES}/private": "osas-openstack-private",
+        f"{CLOUD_FILES}/public": "osas-openstack-public",
+    }
+    private = f"{CLOUD_FILES}/private/clouds.yaml"
+    assert clouds_files(objects) == {
+        "": private,
+        "workers": None,  # the top-level place's
+        "workers-2": None,  # another region of it: osas gives it the top-level clouds_file
+        "also-private": private,  # the same place as the top-level, not a second of its name
+        "burst": f"{CLOUD_FILES}/public/clouds.yaml",
+    }
+    config = load_rendered_config(objects, tmp_path)
+    places = {place.key: place for place in places_of(config)}
+    assert set(places) == {("private", ""), ("private", "RegionTwo"), ("public", "")}
+    assert places[("private", "")].group_ids == ("workers", "also-private")
+    assert str(places[("private", "RegionTwo")].settings.clouds_file) == private
+
+
+def test_with_os_variables_a_cloud_of_its_own_is_read_from_its_file_alone(rendered):
+    _, objects = rendered["env-and-a-cloud-of-its-own"]
+    assert container(objects)["envFrom"] == [{"secretRef": {"name": "osas-openstack"}}]
+    assert cloud_mounts(objects) == {f"{CLOUD_FILES}/public": "osas-openstack-public"}
+    assert clouds_files(objects) == {
+        "": None,
+        "workers": None,
+        "burst": f"{CLOUD_FILES}/public/clouds.yaml",
+    }
+    assert "cloud" not in osas_config(objects)["openstack"]
+
+
+def test_clouds_of_their_own_need_no_grant(rendered):
+    """The Secrets are mounted by kubelet, never read by osas through the API."""
+    _, defaults = rendered["defaults"]
+    for scenario in ("clouds-of-their-own", "every-cloud-its-own-secret"):
+        _, objects = rendered[scenario]
+        assert roles(objects) == roles(defaults)
+        granted = {
+            r
+            for role in roles(objects).values()
+            for rule in role["rules"]
+            for r in rule["resources"]
+        }
+        assert "secrets" not in granted
+
+
+def config_checksum(chart: Path, values: dict[str, Any]) -> str:
+    objects = documents(render_files(chart, values))
+    return deployment(objects)["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+
+
+def test_the_configuration_checksum_follows_the_clouds_not_their_credentials(chart):
+    """Moving a group to a cloud of its own, or renaming that cloud, rolls the pod (osas takes
+    a new place only at a restart); new credentials in its Secret do not (osas reads them)."""
+    groups = {"node_groups": [group_in("workers"), group_in("burst", {"cloud": "public"})]}
+    in_main = {"config": groups}
+    own = {"credentials": {"clouds": [{"name": "public", "cloudsYaml": PUBLIC_CLOUDS_YAML}]}}
+    renamed_clouds = copy.deepcopy(PUBLIC_CLOUDS_YAML)
+    renamed_clouds["clouds"]["public-2"] = renamed_clouds["clouds"].pop("public")
+    renamed = {
+        "credentials": {"clouds": [{"name": "public-2", "cloudsYaml": renamed_clouds}]},
+        "config": {"node_groups": [group_in("workers"), group_in("burst", {"cloud": "public-2"})]},
+    }
+    rotated_clouds = copy.deepcopy(PUBLIC_CLOUDS_YAML)
+    rotated_clouds["clouds"]["public"]["auth"]["application_credential_secret"] = "rotated"
+    rotated = {"credentials": {"clouds": [{"name": "public", "cloudsYaml": rotated_clouds}]}}
+    checksums = {
+        "in the main clouds.yaml": config_checksum(chart, in_main),
+        "a Secret of its own": config_checksum(chart, {**own, "config": groups}),
+        "renamed": config_checksum(chart, renamed),
+        "rotated": config_checksum(chart, {**rotated, "config": groups}),
+    }
+    assert len(set(checksums.values())) == 3, checksums
+    assert checksums["rotated"] == checksums["a Secret of its own"]
+
+
+def test_the_notes_name_each_clouds_secret_and_its_groups(rendered, chart):
+    files, _ = rendered["clouds-of-their-own"]
+    text = notes(files)
+    assert (
+        f"public: Secret osas-openstack-public (yours to make), at {CLOUD_FILES}/public/\n"
+        "    for group burst, group burst-de\n"
+    ) in text
+    assert f"partner: Secret osas-openstack-partner, at {CLOUD_FILES}/partner/\n" in text
+    files, _ = rendered["every-cloud-its-own-secret"]
+    assert "    for config.openstack, group also-private\n" in notes(files)
+    unused = {
+        "credentials": {"clouds": [{"name": "spare", "existingSecret": "osas-openstack-spare"}]}
+    }
+    spare = notes(render_files(chart, unused))
+    assert "named by no node group: is a group's openstack.cloud misspelt?" in spare
+    # Without clouds of their own the notes say nothing of them.
+    files, _ = rendered["defaults"]
+    assert CLOUD_FILES not in notes(files)
 
 
 def test_the_ha_story_keeps_user_affinity_and_adds_the_managed_node_rule(rendered):
@@ -984,6 +1300,16 @@ def test_the_install_page_deletes_on_uninstall_what_osas_made_itself(rendered):
 # -- what the chart refuses ---------------------------------------------------------------------
 
 
+def own_cloud(name: str, **secret: Any) -> dict[str, Any]:
+    """Values with one cloud of credentials.clouds."""
+    return {"credentials": {"clouds": [{"name": name, **secret}]}}
+
+
+def group_of(openstack: dict[str, Any]) -> dict[str, Any]:
+    """config with one node group in the place ``openstack`` names."""
+    return {"node_groups": [group_in("burst", openstack)]}
+
+
 @pytest.mark.parametrize(
     ("values", "reason"),
     [
@@ -1023,6 +1349,15 @@ def test_the_install_page_deletes_on_uninstall_what_osas_made_itself(rendered):
         ({"podDisruptionBudget": {"enabled": "yes"}}, "/podDisruptionBudget/enabled"),
         ({"networkPolicy": {"enabeld": True}}, "'enabeld' not allowed"),
         ({"clusterAutoscaler": {"podLabels": {"app": 1}}}, "/clusterAutoscaler/podLabels/app"),
+        # A cloud's name is in its Secret's and its volume's names: a DNS label.
+        (own_cloud("Public", existingSecret="s"), "/credentials/clouds/0/name"),
+        (own_cloud("public_cloud", existingSecret="s"), "/credentials/clouds/0/name"),
+        (own_cloud("p" * 58, existingSecret="s"), "/credentials/clouds/0/name"),
+        (own_cloud("", existingSecret="s"), "/credentials/clouds/0/name"),
+        (own_cloud("public", existingSecret="Osas_Public"), "/credentials/clouds/0/existingSecret"),
+        (own_cloud("public", existingSecret="s", env=ENV), "'env' not allowed"),
+        ({"credentials": {"clouds": [{"existingSecret": "s"}]}}, "/credentials/clouds/0"),
+        ({"credentials": {"clouds": {"public": "s"}}}, "/credentials/clouds"),
     ],
 )
 def test_the_schema_refuses_values_that_would_not_work(chart, values, reason):
@@ -1091,6 +1426,92 @@ def test_the_schema_refuses_values_that_would_not_work(chart, values, reason):
             "config.leader_election.enabled is false with replicaCount 3",
         ),
         (
+            {
+                "credentials": {
+                    "clouds": [
+                        {"name": "public", "existingSecret": "osas-openstack-public"},
+                        {"name": "public", "cloudsYaml": CLOUDS_YAML},
+                    ]
+                }
+            },
+            "credentials.clouds: the cloud 'public' is given twice: one Secret per cloud",
+        ),
+        (
+            own_cloud("public", existingSecret="osas-openstack-public", cloudsYaml=CLOUDS_YAML),
+            "credentials.clouds[0](public): give existingSecret or cloudsYaml, not both",
+        ),
+        (
+            own_cloud("public"),
+            (
+                "credentials.clouds[0](public): give existingSecret (a Secret with the key "
+                "clouds.yaml) or cloudsYaml"
+            ),
+        ),
+        (
+            own_cloud("public", cloudsYaml=CLOUDS_YAML),  # its one entry is `openstack`
+            (
+                "credentials.clouds[0](public): cloudsYaml has no cloud 'public' under "
+                "`clouds:`: osas reads that entry from this clouds.yaml alone"
+            ),
+        ),
+        (
+            own_cloud("public", cloudsYaml=f"clouds: [password: {PASSWORD}"),
+            "credentials.clouds[0](public): cloudsYaml is not a YAML mapping",
+        ),
+        (
+            {"config": {"openstack": {"clouds_file": "/etc/openstack/clouds.yaml"}}},
+            (
+                "config.openstack.clouds_file is set by the chart, which owns the pod's mount "
+                "paths: give the cloud's clouds.yaml a Secret of its own in credentials.clouds"
+            ),
+        ),
+        (
+            {
+                **own_cloud("public", existingSecret="osas-openstack-public"),
+                "config": group_of(
+                    {"cloud": "public", "clouds_file": f"{CLOUD_FILES}/public/clouds.yaml"}
+                ),
+            },
+            (
+                "config.node_groups[0](burst).openstack.clouds_file is set by the chart, which "
+                "owns the pod's mount paths"
+            ),
+        ),
+        (
+            {"credentials": {"env": ENV}, "config": group_of({"cloud": "public"})},
+            (
+                "config.node_groups[0](burst).openstack.cloud 'public' is not a cloud of "
+                "credentials.clouds, and the main credentials are OS_* variables, so no "
+                "clouds.yaml holds it"
+            ),
+        ),
+        (
+            {
+                "credentials": {
+                    "existingSecret": "",
+                    "clouds": [{"name": "private", "existingSecret": "osas-openstack-private"}],
+                },
+                "config": {"openstack": {"cloud": "private"}, **group_of({"cloud": "public"})},
+            },
+            (
+                "config.node_groups[0](burst).openstack.cloud 'public' is not a cloud of "
+                "credentials.clouds, and there are no main credentials, so no clouds.yaml holds it"
+            ),
+        ),
+        (
+            {
+                "credentials": {
+                    "existingSecret": "",
+                    "clouds": [{"name": "public", "existingSecret": "osas-openstack-public"}],
+                },
+            },
+            (
+                "credentials: give existingSecret (a Secret you made), cloudsYaml or env; or, to "
+                "keep every cloud's credentials in a Secret of its own, name in "
+                "config.openstack.cloud a cloud of credentials.clouds"
+            ),
+        ),
+        (
             {"image": {"repository": ""}},  # the chart's default: osas publishes no image
             (
                 "image.repository is not set: osas publishes no image. Build it from the "
@@ -1107,7 +1528,12 @@ def test_templates_refuse_with_a_clear_message(chart, values, reason):
 
 
 def test_lint_is_clean(chart):
-    for scenario in ({}, SCENARIOS["monitoring"][1], SCENARIOS["network-policy"][1]):
+    for scenario in (
+        {},
+        SCENARIOS["monitoring"][1],
+        SCENARIOS["network-policy"][1],
+        SCENARIOS["clouds-of-their-own"][1],
+    ):
         values = {**scenario, "image": {"repository": EXAMPLE_REPOSITORY}}
         report = helm.lint(chart, values, strict=True, namespace="kube-system")
         problems = [m for m in report["messages"] if m["severity"] >= 2]

@@ -107,15 +107,19 @@ app.kubernetes.io/component: test
 {{- printf "%s-ca-cloud-config" (include "osas.fullname" .) }}
 {{- end }}
 
-{{/* Where the OpenStack credentials come from: "created" or "existing". */}}
+{{/* Where the main OpenStack credentials come from: "created", "existing", or "none" where
+config.openstack.cloud is a cloud of credentials.clouds (every place then reads a Secret of
+its own). */}}
 {{- define "osas.credentialsSource" -}}
 {{- $c := .Values.credentials }}
+{{- $top := default "" (default (dict) .Values.config.openstack).cloud }}
 {{- if and $c.cloudsYaml $c.env }}
 {{- fail "credentials: give cloudsYaml or env, not both" }}
 {{- else if or $c.cloudsYaml $c.env }}created
 {{- else if $c.existingSecret }}existing
+{{- else if hasKey (include "osas.ownClouds" . | fromJson) (toString $top) }}none
 {{- else }}
-{{- fail "credentials: give existingSecret (a Secret you made), cloudsYaml or env" }}
+{{- fail "credentials: give existingSecret (a Secret you made), cloudsYaml or env; or, to keep every cloud's credentials in a Secret of its own, name in config.openstack.cloud a cloud of credentials.clouds" }}
 {{- end }}
 {{- end }}
 
@@ -127,13 +131,64 @@ app.kubernetes.io/component: test
 {{- end }}
 {{- end }}
 
-{{/* "cloudsYaml" or "env". */}}
+{{/* "cloudsYaml", "env", or "none" (no main Secret: credentialsSource). */}}
 {{- define "osas.credentialsFormat" -}}
 {{- $c := .Values.credentials }}
 {{- if $c.cloudsYaml }}cloudsYaml
 {{- else if $c.env }}env
+{{- else if eq (include "osas.credentialsSource" .) "none" }}none
 {{- else }}{{ $c.existingSecretFormat }}
 {{- end }}
+{{- end }}
+
+{{/* The folder a cloud of credentials.clouds is mounted at: beside /etc/openstack, not in it,
+as a mount point inside a read-only Secret volume must be made in that volume (kubelet does;
+some sandboxed runtimes fail the container). */}}
+{{- define "osas.cloudFolder" -}}
+/etc/openstack-clouds/{{ . }}
+{{- end }}
+
+{{/* credentials.clouds, checked: cloud name -> {secretName, volume}. Each such cloud's
+credentials are a Secret of their own, mounted as a folder that osas reads the cloud from
+alone (clouds_file): no grant on Secrets is needed, and kubelet's updates are seen. */}}
+{{- define "osas.ownClouds" -}}
+{{- $clouds := dict }}
+{{- range $index, $cloud := .Values.credentials.clouds }}
+{{- $where := printf "credentials.clouds[%d](%s)" $index $cloud.name }}
+{{- if hasKey $clouds $cloud.name }}
+{{- fail (printf "credentials.clouds: the cloud '%s' is given twice: one Secret per cloud" $cloud.name) }}
+{{- end }}
+{{- $secretName := "" }}
+{{- if and $cloud.existingSecret $cloud.cloudsYaml }}
+{{- fail (printf "%s: give existingSecret or cloudsYaml, not both" $where) }}
+{{- else if $cloud.existingSecret }}
+{{- $secretName = $cloud.existingSecret }}
+{{- else if $cloud.cloudsYaml }}
+{{- /* osas would find no such cloud at its start: say so now, naming keys only. */}}
+{{- $parsed := $cloud.cloudsYaml }}
+{{- if kindIs "string" $parsed }}
+{{- $parsed = fromYaml $parsed }}
+{{- if hasKey $parsed "Error" }}
+{{- fail (printf "%s: cloudsYaml is not a YAML mapping" $where) }}
+{{- end }}
+{{- end }}
+{{- $entries := get $parsed "clouds" }}
+{{- if not (and (kindIs "map" $entries) (hasKey $entries $cloud.name)) }}
+{{- fail (printf "%s: cloudsYaml has no cloud '%s' under `clouds:`: osas reads that entry from this clouds.yaml alone" $where $cloud.name) }}
+{{- end }}
+{{- $secretName = printf "%s-openstack-%s" (include "osas.fullname" $) $cloud.name }}
+{{- else }}
+{{- fail (printf "%s: give existingSecret (a Secret with the key clouds.yaml) or cloudsYaml" $where) }}
+{{- end }}
+{{- $_ := set $clouds $cloud.name (dict "secretName" $secretName "volume" (printf "cloud-%s" $cloud.name)) }}
+{{- end }}
+{{- toJson $clouds }}
+{{- end }}
+
+{{/* The clouds.yaml osas reads the cloud `name` from when it is one of credentials.clouds
+(ownClouds, as JSON), else "". */}}
+{{- define "osas.cloudsFile" -}}
+{{- if and .name (hasKey .own .name) }}{{ include "osas.cloudFolder" .name }}/clouds.yaml{{ end }}
 {{- end }}
 
 {{/* osas's configuration file as the chart completes it. */}}
@@ -144,13 +199,21 @@ app.kubernetes.io/component: test
 {{- if hasKey $openstack "auth" }}
 {{- fail "config.openstack.auth would put OpenStack credentials in a ConfigMap in plain text: put them in a Secret instead (credentials.cloudsYaml, credentials.env or credentials.existingSecret; docs/install.md)" }}
 {{- end }}
-{{- if eq (include "osas.credentialsFormat" .) "env" }}
-{{- if $openstack.cloud }}
-{{- fail "config.openstack.cloud names a clouds.yaml entry, but the credentials are OS_* variables (credentials.env or existingSecretFormat: env): remove config.openstack.cloud" }}
+{{- $own := include "osas.ownClouds" . | fromJson }}
+{{- $format := include "osas.credentialsFormat" . }}
+{{- if hasKey $openstack "clouds_file" }}
+{{- fail "config.openstack.clouds_file is set by the chart, which owns the pod's mount paths: give the cloud's clouds.yaml a Secret of its own in credentials.clouds (the chart mounts it and names it here), or use the main credentials; remove it" }}
+{{- end }}
+{{- if eq $format "env" }}
+{{- if and $openstack.cloud (not (hasKey $own (toString $openstack.cloud))) }}
+{{- fail "config.openstack.cloud names a clouds.yaml entry, but the credentials are OS_* variables (credentials.env or existingSecretFormat: env): remove config.openstack.cloud, or give that cloud a Secret of its own in credentials.clouds" }}
 {{- end }}
 {{- else if not $openstack.cloud }}
 {{- /* A clouds.yaml names its clouds: without a name openstacksdk would not pick one. */}}
 {{- $_ := set $openstack "cloud" "openstack" }}
+{{- end }}
+{{- with include "osas.cloudsFile" (dict "name" $openstack.cloud "own" $own) }}
+{{- $_ := set $openstack "clouds_file" . }}
 {{- end }}
 {{- $_ := set $config "openstack" $openstack }}
 {{- $userTls := default (dict) $config.tls }}
@@ -169,8 +232,22 @@ app.kubernetes.io/component: test
 {{- $_ := unset $config "metrics_listen" }}
 {{- end }}
 {{- $groups := list }}
-{{- range $config.node_groups }}
-{{- $group := deepCopy . }}
+{{- range $index, $given := $config.node_groups }}
+{{- $group := deepCopy $given }}
+{{- with $group.openstack }}
+{{- $where := printf "config.node_groups[%d](%s).openstack" $index $group.id }}
+{{- if hasKey . "clouds_file" }}
+{{- fail (printf "%s.clouds_file is set by the chart, which owns the pod's mount paths: give the cloud's clouds.yaml a Secret of its own in credentials.clouds (the chart mounts it and names it for every group of that cloud); remove it" $where) }}
+{{- end }}
+{{- $cloudsFile := include "osas.cloudsFile" (dict "name" .cloud "own" $own) }}
+{{- if $cloudsFile }}
+{{- $_ := set . "clouds_file" $cloudsFile }}
+{{- else if and .cloud (ne $format "cloudsYaml") }}
+{{- /* Without a main clouds.yaml only a cloud of credentials.clouds can be found. */}}
+{{- $main := ternary "the main credentials are OS_* variables" "there are no main credentials" (eq $format "env") }}
+{{- fail (printf "%s.cloud '%s' is not a cloud of credentials.clouds, and %s, so no clouds.yaml holds it: give that cloud a Secret of its own in credentials.clouds" $where (toString .cloud) $main) }}
+{{- end }}
+{{- end }}
 {{- $labels := default (dict) $group.labels }}
 {{- if not (hasKey $labels $.Values.managedNodes.label) }}
 {{- $_ := set $labels $.Values.managedNodes.label $group.id }}
