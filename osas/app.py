@@ -793,8 +793,9 @@ class App:
         creates are counted in their groups until they land or create_doubt_window passes,
         its deletes are sent again. Nothing else is held. Where no record can be read (election
         off, a Lease without one or deleted under its holder), creates an earlier osas sent
-        may still reach Nova: no scale-up spends headroom until create_doubt_window passes.
-        From here on this holder's writes carry its own record."""
+        may still reach Nova: no scale-up spends headroom until create_doubt_window passes and
+        then, in each place, until a listing of that place begun since has settled (a place
+        out of reach stays held). From here on this holder's writes carry its own record."""
         now = anyio.current_time()
         promises = inherited(self.leadership.previous)
         if promises is not None:

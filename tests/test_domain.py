@@ -2251,8 +2251,9 @@ def test_pod_price_not_supported_without_table():
 
 def test_held_headroom_refuses_scale_ups_and_reports_the_target_as_max():
     """After a start or a takeover, creates an earlier osas sent may still reach Nova: until
-    the hold ends, IncreaseSize spends no headroom, and the max size CA is told is the
-    target (never below min), so that CA plans none."""
+    the hold ends (its time over, and a listing begun since settled), IncreaseSize spends no
+    headroom, and the max size CA is told is the target (never below min), so that CA plans
+    none."""
     spec = cluster(node_group("workers", min_size=1, max_size=10))
     inv = inventory(spec, server(), server())
     inv.ledger.hold_headroom(NOW + 30)
@@ -2266,6 +2267,17 @@ def test_held_headroom_refuses_scale_ups_and_reports_the_target_as_max():
     empty = inventory(cluster(node_group("workers", min_size=1, max_size=10)))
     empty.ledger.hold_headroom(NOW + 30)
     assert empty.ledger.reported_max("workers", 10, 1, NOW) == 1
+    # Its time over, still held until a listing begun since has settled: one begun before
+    # (or the place out of reach) may not show what landed meanwhile.
+    assert inv.ledger.headroom_held(NOW + 31) == 0
+    with pytest.raises(PreconditionFailed, match="held until its place is listed again"):
+        plan_increase(spec, inv, "workers", 1, NOW + 31)
+    assert inv.ledger.reported_max("workers", 10, 1, NOW + 31) == 3
+    begun_before = inv.ledger.begin_sync(NOW + 29)
+    begun_after = inv.ledger.begin_sync(NOW + 30)
+    inv.ledger.settle_changes(begun_before, [], [], NOW + 31)
+    assert inv.ledger.headroom_held(NOW + 31) == 0
+    inv.ledger.settle_changes(begun_after, [], [], NOW + 31)
     # Over: everything as configured again.
     assert inv.ledger.headroom_held(NOW + 30) is None
     assert inv.ledger.reported_max("workers", 10, 1, NOW + 30) == 10

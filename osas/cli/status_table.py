@@ -58,12 +58,6 @@ def _writer_lines(status: dict[str, Any]) -> list[str]:
             f"{role}: lease {election.get('lease')}, held by {election.get('holder') or 'no one'}"
             f" (this osas: {election.get('identity')})"
         )
-    held = status.get("scale_ups_held_seconds")
-    if held:
-        lines.append(
-            f"scale-ups held for {held:.0f}s more: creates of an earlier osas may still reach "
-            "Nova (MAX shows the max size CA is told)"
-        )
     offset = status["syncs"].get("nova_clock_offset_seconds")
     if offset is not None and abs(offset) > 5:  # noqa: PLR2004 - the threshold osas logs at
         lines.append(f"Nova's clock is {offset:+.0f}s off osas's (changes-since uses Nova's)")
@@ -75,18 +69,18 @@ def _sync_lines(status: dict[str, Any]) -> list[str]:
     or one per place where the node groups live in several, each saying its groups."""
     places = status.get("places") or []
     if len(places) <= 1:
-        return _place_sync_lines(status["syncs"], status["inventory_age_seconds"], status, "")
+        return _place_sync_lines(status, status, "")
     lines = []
     for place in places:
         where = f"{place['cloud']}, region {place['region'] or '(default)'}"
         prefix = f"{where} ({', '.join(place['groups'])}): "
-        lines += _place_sync_lines(place["syncs"], place["inventory_age_seconds"], status, prefix)
+        lines += _place_sync_lines(place, status, prefix)
     return lines
 
 
-def _place_sync_lines(
-    syncs: dict[str, Any], age: float | None, status: dict[str, Any], prefix: str
-) -> list[str]:
+def _place_sync_lines(place: dict[str, Any], status: dict[str, Any], prefix: str) -> list[str]:
+    """A place's syncs, how far they fail, and how long its scale-ups are still held."""
+    syncs, age = place["syncs"], place["inventory_age_seconds"]
     lines = [
         (
             f"{prefix}last sync {_age(age)}; {syncs['full']} full, "
@@ -103,6 +97,13 @@ def _place_sync_lines(
         # Before the first sync, the reason osas is not ready says it already.
         said = error and error in (status.get("not_ready_reason") or "")
         lines.append(line + ("; last error: above" if said else f"; last error: {error}"))
+    held = place.get("scale_ups_held_seconds")
+    if held is not None:
+        until = f"for {held:.0f}s more" if held > 0 else "until a listing of it shows them"
+        lines.append(
+            f"{prefix}scale-ups held {until}: creates of an earlier osas may still reach Nova "
+            "(MAX shows the max size CA is told)"
+        )
     return lines
 
 

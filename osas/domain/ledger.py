@@ -293,8 +293,11 @@ class Ledger:
         # a DeleteNodes naming one is refused with the reason rather than taken as done.
         self._unowned: dict[str, float] = {}
         # Until then (the engine's clock), IncreaseSize spends no headroom: creates an
-        # earlier osas sent may still reach Nova (``hold_headroom``).
+        # earlier osas sent may still reach Nova (``hold_headroom``). Nor after it, until a
+        # listing begun since has settled (``_hold_listing``: its generation, once one began).
         self._headroom_held_until = 0.0
+        self._hold_settled = True
+        self._hold_listing: int | None = None
         self._sent: set[str] = set()  # request ids this process sent to Nova
         self._own: set[str] = set()  # request ids of servers known to be ours (sent or adopted)
         # Request ids of servers that left the snapshot since the last complete listing: the
@@ -416,9 +419,12 @@ class Ledger:
         return instance_id in self._unowned
 
     def headroom_held(self, now: float) -> float | None:
-        """Seconds until IncreaseSize may spend headroom again, None when it may now."""
+        """Seconds until IncreaseSize may spend headroom again (0 once the hold's time is over
+        while no listing begun since has settled), None when it may now."""
         left = self._headroom_held_until - now
-        return left if left > 0 else None
+        if left > 0:
+            return left
+        return None if self._hold_settled else 0.0
 
     def reported_max(self, group_id: str, max_size: int, min_size: int, now: float) -> int:
         """The max size CA is told: the configured one, or while headroom is held the
@@ -528,9 +534,13 @@ class Ledger:
     def hold_headroom(self, until: float) -> None:
         """Creates an earlier osas sent (a process killed, a lease holder that lost it) may
         still be in Nova's API, stored up to ``create_doubt_window`` after they were sent,
-        and no listing can show them before: until ``until``, IncreaseSize spends no
-        headroom, so that they can never take a group beyond max_size."""
+        and no listing can show them before: until ``until``, and then until a listing begun
+        at ``until`` or later has settled (the place out of reach meanwhile, the last listing
+        may not show what landed), IncreaseSize spends no headroom, so that they can never
+        take a group beyond max_size."""
         self._headroom_held_until = max(self._headroom_held_until, until)
+        self._hold_settled = False
+        self._hold_listing = None
         for group_id in [spec.group_id for spec in self._cluster.node_groups]:
             self._changed(group_id)
 
@@ -759,9 +769,17 @@ class Ledger:
 
     # -- listings ---------------------------------------------------------------------------------
 
-    def begin_sync(self) -> int:
-        """A generation number for a listing about to be made."""
+    def begin_sync(self, now: float | None = None) -> int:
+        """A generation number for a listing about to be made, begun at ``now`` (the clock of
+        ``hold_headroom``; a listing begun at no time said ends no hold)."""
         self._generation += 1
+        if (
+            not self._hold_settled
+            and self._hold_listing is None
+            and now is not None
+            and now >= self._headroom_held_until
+        ):
+            self._hold_listing = self._generation
         return self._generation
 
     def settle_complete(
@@ -814,6 +832,11 @@ class Ledger:
         gone: set[str],
         orders: _Draft,
     ) -> Orders:
+        if self._hold_listing is not None and generation >= self._hold_listing:
+            # Begun after the hold's time: it shows whatever an earlier osas's creates made.
+            self._hold_settled, self._hold_listing = True, None
+            for spec in self._cluster.node_groups:
+                self._changed(spec.group_id)
         self._settle_deletions(diff, generation, now, full=full, gone=gone, orders=orders)
         self._settle_creates(generation, now, full=full, gone=gone, orders=orders)
         # Only what this listing brought can be an orphan, a duplicate or a stray: a request is

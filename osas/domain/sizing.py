@@ -60,10 +60,12 @@ def plan_increase(
         raise InvalidRequest(f"size increase must be positive, got {delta}")
     held = inventory.ledger.headroom_held(now)
     if held is not None:
+        until = f"for {held:.0f}s more" if held > 0 else "until its place is listed again"
         raise PreconditionFailed(
-            f"scale-up of node group {group_id!r} held for {held:.0f}s more: creates an "
-            "earlier osas sent may still reach Nova (reconcile.create_doubt_window after a "
-            "start or a takeover); its max size is reported as its target until then"
+            f"scale-up of node group {group_id!r} held {until}: creates an earlier osas sent "
+            "may still reach Nova (reconcile.create_doubt_window after a start or a takeover, "
+            "then a listing of the group's place to show them); its max size is reported as "
+            "its target until then"
         )
     target = inventory.target_size(group_id)
     if target + delta > spec.max_size:

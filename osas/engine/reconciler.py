@@ -245,7 +245,7 @@ class Reconciler:
 
     async def _sync(self, *, full: bool) -> Orders:
         now = self._clock()
-        generation = self._ledger.begin_sync()
+        generation = self._ledger.begin_sync(now)
         begun = time.perf_counter()
         self._went_back = False
         with self._attempt(
