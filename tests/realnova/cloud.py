@@ -29,6 +29,15 @@ from the headers it sets, as Glance and Neutron do; their version documents, lik
 no token. The fixtures' network, subnets and security group are handed to the ``osas``
 project.
 
+A second region of the same cloud is another launcher that joins this one's Keystone
+(``keystone_url``; ``python cloud.py --keystone-url URL --region RegionTwo``): a Nova of its
+own (database, computes, Placement, fake Glance and Neutron, facades) in its own process,
+registered in that Keystone's catalog under its region (``POST /v3/regions``, then compute,
+image, network and identity endpoints with that ``region_id``), checking tokens with that
+Keystone. It starts no Keystone and writes no clouds.yaml: the first region's entries reach
+it with ``region_name`` set to it (and the region listed in the entry's ``regions``). Its
+image and flavors have ids of their own; its network keeps the fixtures' id.
+
 ``RealNovaProcess`` runs the same thing in a child interpreter (``python cloud.py``), which is
 what tests should normally use: Nova's fixtures patch process-wide state (``os.uname`` and
 ``psutil.net_if_addrs`` poisoned, ``mock``'s autospec patched, ``HOME`` and the tempdir moved,
@@ -97,7 +106,8 @@ else:  # run as a script: this file's folder is sys.path[0]
 logger = logging.getLogger("realnova")
 
 HOST = "127.0.0.1"
-REGION = "RegionOne"
+REGION = "RegionOne"  # where Keystone is, and the one Nova of the single-region lane
+SECOND_REGION = "RegionTwo"  # the two-region lane's other Nova (RealNova with keystone_url)
 DOMAIN_ID = "default"
 DOMAIN_NAME = "Default"
 
@@ -121,6 +131,22 @@ NOVA_PASSWORD = "nova-secret"
 IMAGE_NAME = "ubuntu-24.04"
 IMAGE_ID = "5b1c3f4e-8d2a-4e6b-9c7d-1a2b3c4d5e6f"
 NETWORK_NAME = "cluster-net"  # the fixtures' one network ("private"), renamed
+
+
+def region_image_id(region: str) -> str:
+    """The id of ``IMAGE_NAME`` in a region: each region's Glance has its own."""
+    if region == REGION:
+        return IMAGE_ID
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"realnova/{region}/image/{IMAGE_NAME}"))
+
+
+def _flavor_id(region: str, name: str) -> str:
+    """The id of a flavor the launcher makes; in another region than the first, of that
+    region's own (the first keeps the fixtures' ids for the flavors they already have)."""
+    where = "" if region == REGION else f"{region}/"
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"realnova/{where}flavor/{name}"))
+
+
 # A create's scheduler hint: seconds its scheduling waits in the conductor (module docstring).
 SCHEDULING_DELAY_HINT = "realnova_scheduling_delay"
 
@@ -717,13 +743,29 @@ class _AdminClient:
             role_id = self._role_ids[role_name] = self.named("roles", role_name)["id"]
         self.keystone("PUT", f"/projects/{project_id}/users/{user_id}/roles/{role_id}")
 
-    def add_service(self, service_type: str, name: str, url: str) -> None:
-        """A service in the catalog, at ``url`` for every interface."""
+    def add_service(self, service_type: str, name: str, url: str, region: str = REGION) -> None:
+        """A service in the catalog, at ``url`` for every interface of ``region``."""
         body = {"service": {"type": service_type, "name": name, "enabled": True}}
         service_id = self.keystone("POST", "/services", body)["service"]["id"]
+        self.add_endpoints(service_id, url, region)
+
+    def add_endpoints(self, service_id: str, url: str, region: str) -> None:
+        """A service's endpoints in a region, at ``url`` for every interface."""
         for interface in ("public", "internal", "admin"):
             endpoint = {"service_id": service_id, "interface": interface, "url": url}
-            self.keystone("POST", "/endpoints", {"endpoint": {**endpoint, "region_id": REGION}})
+            self.keystone("POST", "/endpoints", {"endpoint": {**endpoint, "region_id": region}})
+
+    def service_id(self, service_type: str) -> str:
+        """The catalog's one service of that type."""
+        found = self.keystone("GET", f"/services?type={quote(service_type)}")["services"]
+        if len(found) != 1:
+            msg = f"Keystone has {len(found)} services of type {service_type!r}"
+            raise LookupError(msg)
+        return str(found[0]["id"])
+
+    def add_region(self, region: str) -> None:
+        """A region in Keystone (``POST /v3/regions``), as an operator adds one."""
+        self.keystone("POST", "/regions", {"region": {"id": region}})
 
 
 class _AdminHelpers:
@@ -1062,6 +1104,14 @@ class RealNova(_AdminHelpers):
     ``realnova`` (password), ``realnova-appcred`` and ``realnova-admin`` clouds; point
     ``OS_CLIENT_CONFIG_FILE`` at it. Nova and Keystone keep their state for the life of the
     object.
+
+    With ``keystone_url`` (the base URL of a Keystone another ``RealNova`` started), this one
+    starts no Keystone and writes no clouds.yaml: it is another region of that cloud. Its
+    Nova (a database, computes and Placement of its own) checks tokens with that Keystone,
+    and it registers ``region`` there (``POST /v3/regions``) with its compute, image and
+    network endpoints and the identity endpoint, as a multi-region cloud lists its one
+    Keystone in every region. Its image and the flavors it makes have ids of the region's own;
+    its network keeps the fixtures' id (their fake Neutron builds every port on it).
     """
 
     def __init__(
@@ -1070,8 +1120,15 @@ class RealNova(_AdminHelpers):
         *,
         port: int = 0,
         clouds_yaml: Path | str | None = None,
+        region: str = REGION,
+        keystone_url: str | None = None,
     ) -> None:
+        if (region == REGION) != (keystone_url is None):
+            msg = f"{REGION} comes with a Keystone of its own; another region joins one"
+            raise ValueError(msg)
         self.options = options or NovaOptions()
+        self.region = region
+        self._joined_keystone_url = keystone_url.rstrip("/") if keystone_url else None
         self._requested_port = port
         self._clouds_yaml = Path(clouds_yaml) if clouds_yaml else None
         self._tempdir: tempfile.TemporaryDirectory[str] | None = None
@@ -1081,7 +1138,7 @@ class RealNova(_AdminHelpers):
         self.keystone: keystone_server.KeystoneProcess | None = None
         self.startup_seconds = 0.0
         self.flavor_ids: dict[str, str] = {}
-        self.image_id = IMAGE_ID
+        self.image_id = region_image_id(region)
         self.network_id = ""
         self._project_id = ""
         self.app_credential_id = ""
@@ -1102,6 +1159,9 @@ class RealNova(_AdminHelpers):
         self.stop()
 
     def start(self) -> None:
+        if self._joined_keystone_url is not None:
+            self._start_joining(self._joined_keystone_url)
+            return
         started = time.monotonic()
         # Keystone sets itself up in its own process (some 7 s) while Nova starts here.
         folder = self.clouds_yaml.parent / "keystone"
@@ -1114,7 +1174,7 @@ class RealNova(_AdminHelpers):
         )
         try:
             self.keystone.start()
-            self._start_nova(self.keystone)
+            self._start_nova(self.keystone.url)
             self._populate()
             self._serve()
             self.keystone.wait_ready()
@@ -1125,21 +1185,35 @@ class RealNova(_AdminHelpers):
             raise
         self.startup_seconds = time.monotonic() - started
 
-    def _start_nova(self, keystone: keystone_server.KeystoneProcess) -> None:
+    def _start_joining(self, keystone_url: str) -> None:
+        """Another region of the cloud whose Keystone is at ``keystone_url``."""
+        started = time.monotonic()
+        try:
+            self._start_nova(keystone_url)
+            self._populate()
+            self._serve()
+            self._join_catalog()
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - started
+
+    def _start_nova(self, keystone_url: str) -> None:
         _prepare_nova_import()
         # keystonemiddleware as a production nova.conf sets it up, but for its cache of
         # validated tokens: every request is checked with Keystone, so revocation is seen at
         # once (production caches for token_cache_time, 300 s by default).
         authtoken = {
-            "www_authenticate_uri": keystone.url,
-            "auth_url": keystone.auth_url,
+            "www_authenticate_uri": keystone_url,
+            "auth_url": f"{keystone_url}/v3",
             "auth_type": "password",
             "username": NOVA_USER_NAME,
             "password": NOVA_PASSWORD,
             "project_name": SERVICE_PROJECT_NAME,
             "user_domain_name": DOMAIN_NAME,
             "project_domain_name": DOMAIN_NAME,
-            "region_name": REGION,
+            # Where keystonemiddleware finds Keystone in the catalog: every region lists it.
+            "region_name": self.region,
             "token_cache_time": -1,
             # memcached_servers is left unset: no memcached, an in-process cache (unused).
         }
@@ -1192,8 +1266,10 @@ class RealNova(_AdminHelpers):
         existing = {f.name: f for f in objects.FlavorList.get_all(ctx)}
         for spec in self.options.flavors:
             flavor = existing.get(spec.name)
+            flavor_id = _flavor_id(self.region, spec.name)
             same = flavor is not None and (
-                flavor.vcpus == spec.vcpus
+                (self.region == REGION or flavor.flavorid == flavor_id)
+                and flavor.vcpus == spec.vcpus
                 and flavor.memory_mb == spec.ram_mib
                 and flavor.root_gb == spec.disk_gib
                 and dict(flavor.extra_specs or {}) == dict(spec.extra_specs)
@@ -1205,7 +1281,7 @@ class RealNova(_AdminHelpers):
                 flavor = objects.Flavor(
                     context=ctx,
                     name=spec.name,
-                    flavorid=str(uuid.uuid5(uuid.NAMESPACE_URL, f"realnova/flavor/{spec.name}")),
+                    flavorid=flavor_id,
                     vcpus=spec.vcpus,
                     memory_mb=spec.ram_mib,
                     root_gb=spec.disk_gib,
@@ -1221,7 +1297,7 @@ class RealNova(_AdminHelpers):
 
         # An image named like a production one, shaped like the fixtures' own public image.
         template = copy.deepcopy(case.glance.image2)
-        template.update({"id": IMAGE_ID, "name": IMAGE_NAME, "tags": []})
+        template.update({"id": self.image_id, "name": IMAGE_NAME, "tags": []})
         template["properties"] = {"os_distro": "ubuntu", "os_version": "24.04"}
         case.glance.create(None, template)
 
@@ -1264,8 +1340,28 @@ class RealNova(_AdminHelpers):
             "POST", f"{self.auth_url}/users/{user_id}/application_credentials", body, token=token
         )
         self.app_credential_id = str(answer["application_credential"]["id"])
-        # The fixtures' network, subnets and security group become the osas project's, as if
-        # it had made them.
+        self._hand_network_to(project_id)
+
+    def _join_catalog(self) -> None:
+        """What an operator adds to the cloud's Keystone for a new region: the region, and in
+        it this Nova's compute endpoint, the image and network endpoints beside it, and the
+        identity endpoint (the one Keystone, listed in every region). The service user, the
+        osas project and its user are the cloud's already."""
+        admin = self._admin()
+        admin.add_region(self.region)
+        for service_type, url in (
+            ("identity", self.auth_url),
+            ("compute", f"{self.base_url}/compute/v2.1"),
+            ("image", f"{self.base_url}/image"),
+            ("network", f"{self.base_url}/network"),
+        ):
+            admin.add_endpoints(admin.service_id(service_type), url, self.region)
+        self._project_id = str(admin.named("projects", PROJECT_NAME)["id"])
+        self._hand_network_to(self._project_id)
+
+    def _hand_network_to(self, project_id: str) -> None:
+        """The fixtures' network, subnets and security group become the project's, as if it
+        had made them."""
         neutron = self._case.neutron
         fixtures_project_id = self._case.fixtures_project_id
         for store in (neutron._networks, neutron._subnets, neutron._security_groups):
@@ -1297,6 +1393,9 @@ class RealNova(_AdminHelpers):
 
     def _admin_hook(self, action: str, body: Any) -> Any:
         arguments = body if isinstance(body, dict) else {}
+        if self.keystone is None and action in {"projects", "keystone"}:
+            message = f"{self.region} joined a Keystone: ask the launcher of {REGION}"
+            raise _HTTPError(400, {"error": {"code": 400, "message": message}})
         if action == "projects":
             name = str(arguments.get("name") or "")
             if not name:
@@ -1314,6 +1413,9 @@ class RealNova(_AdminHelpers):
 
     def _keystone(self) -> keystone_server.KeystoneProcess:
         if self.keystone is None:
+            if self._joined_keystone_url is not None:
+                msg = f"{self.region} joined a Keystone it does not run"
+                raise RuntimeError(msg)
             raise RuntimeError("RealNova is not started")
         return self.keystone
 
@@ -1329,6 +1431,8 @@ class RealNova(_AdminHelpers):
 
     @property
     def auth_url(self) -> str:
+        if self._joined_keystone_url is not None:
+            return f"{self._joined_keystone_url}/v3"
         return self._keystone().auth_url
 
     @property
@@ -1415,16 +1519,19 @@ class RealNova(_AdminHelpers):
         return {"cloud": cloud, "project_id": project_id, "user_id": user_id}
 
     def describe(self) -> dict[str, Any]:
-        keystone = self._keystone()
+        info: dict[str, Any] = {"region": self.region, "base_url": self.base_url}
+        info["auth_url"] = self.auth_url
+        if self.keystone is not None:  # the first region's: its Keystone and clouds.yaml
+            info.update(
+                keystone_log=str(self.keystone.log_path),
+                token_lifetime=self.keystone.token_lifetime,
+                clouds_yaml=str(self.clouds_yaml),
+                cloud=CLOUD,
+                appcred_cloud=APPCRED_CLOUD,
+                admin_cloud=ADMIN_CLOUD,
+            )
         return {
-            "base_url": self.base_url,
-            "auth_url": self.auth_url,
-            "keystone_log": str(keystone.log_path),
-            "token_lifetime": keystone.token_lifetime,
-            "clouds_yaml": str(self.clouds_yaml),
-            "cloud": CLOUD,
-            "appcred_cloud": APPCRED_CLOUD,
-            "admin_cloud": ADMIN_CLOUD,
+            **info,
             "project_id": self.project_id,
             "project_name": PROJECT_NAME,
             "image": IMAGE_NAME,
@@ -1457,7 +1564,13 @@ READY_PREFIX = "realnova: ready "
 class RealNovaProcess(_AdminHelpers):
     """``RealNova`` in a child interpreter (this file run as a script), for tests. ``python``
     is the interpreter to run it with (one where ``nova`` and ``keystone`` are installed);
-    ``log_path`` receives Nova's stderr, ``workdir/keystone/keystone.log`` Keystone's log."""
+    ``log_path`` receives Nova's stderr, ``workdir/keystone/keystone.log`` Keystone's log.
+
+    With ``keystone_url`` (``RealNovaProcess.keystone_url`` of the first region's), the child
+    is another ``region`` of that cloud (``RealNova``'s ``keystone_url``): a Nova of its own
+    in the same Keystone's catalog, reached with the first region's clouds.yaml entries and
+    their ``region_name`` set to ``region``. ``freeze`` and ``thaw`` make a region stop
+    answering and answer again."""
 
     def __init__(
         self,
@@ -1466,8 +1579,15 @@ class RealNovaProcess(_AdminHelpers):
         workdir: Path | str,
         python: str = sys.executable,
         startup_timeout: float = 120.0,
+        region: str = REGION,
+        keystone_url: str | None = None,
     ) -> None:
+        if (region == REGION) != (keystone_url is None):
+            msg = f"{REGION} comes with a Keystone of its own; another region joins one"
+            raise ValueError(msg)
         self.options = options or NovaOptions()
+        self.region = region
+        self.joins = keystone_url  # the Keystone this region joins (None: it runs its own)
         self.workdir = Path(workdir)
         self.python = python
         self.startup_timeout = startup_timeout
@@ -1475,6 +1595,7 @@ class RealNovaProcess(_AdminHelpers):
         self.log_path = self.workdir / "realnova.log"
         self._process: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
+        self._frozen = False
         self.startup_seconds = 0.0
 
     def __enter__(self) -> Self:
@@ -1492,15 +1613,12 @@ class RealNovaProcess(_AdminHelpers):
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
-        command = [
-            self.python,
-            str(Path(__file__).resolve()),
-            "--clouds-yaml",
-            str(self.workdir / "clouds.yaml"),
-            "--parent-pid",
-            str(os.getpid()),
-            *self.options.to_args(),
-        ]
+        command = [self.python, str(Path(__file__).resolve()), "--parent-pid", str(os.getpid())]
+        if self.joins is None:
+            command += ["--clouds-yaml", str(self.workdir / "clouds.yaml")]
+        else:
+            command += ["--region", self.region, "--keystone-url", self.joins]
+        command += self.options.to_args()
         env = {k: v for k, v in os.environ.items() if not k.startswith("OS_")}
         env["PYTHONUNBUFFERED"] = "1"
         with self.log_path.open("w") as log:
@@ -1540,6 +1658,9 @@ class RealNovaProcess(_AdminHelpers):
         process, self._process = self._process, None
         if process is None:
             return
+        if self._frozen and process.poll() is None:
+            process.send_signal(signal.SIGCONT)  # a stopped process would not see SIGTERM
+            self._frozen = False
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
             try:
@@ -1556,6 +1677,29 @@ class RealNovaProcess(_AdminHelpers):
     @property
     def pid(self) -> int | None:
         return None if self._process is None else self._process.pid
+
+    def freeze(self) -> None:
+        """The region stops answering (SIGSTOP): its port still takes connections (the
+        kernel's backlog) and nothing answers them, a region whose API hangs; requests wait
+        for the client's timeout. Nova's own work stops too (keep it well under a minute:
+        Nova takes a compute silent for service_down_time, 60 s, for down)."""
+        if self._process is None:
+            raise RuntimeError("real Nova is not started")
+        self._process.send_signal(signal.SIGSTOP)
+        self._frozen = True
+
+    def thaw(self) -> None:
+        """The region answers again (SIGCONT): what was sent meanwhile is answered late, to
+        clients that may have given up."""
+        if self._process is None:
+            raise RuntimeError("real Nova is not started")
+        self._process.send_signal(signal.SIGCONT)
+        self._frozen = False
+
+    @property
+    def keystone_url(self) -> str:
+        """The cloud's Keystone (base URL, without /v3): what another region joins."""
+        return self.auth_url.removesuffix("/v3")
 
     @property
     def base_url(self) -> str:
@@ -1595,6 +1739,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--port", type=int, default=0, help="0 (default): a free port")
     parser.add_argument("--clouds-yaml", type=Path, help="where to write clouds.yaml")
+    parser.add_argument(
+        "--keystone-url",
+        help="join this Keystone (another launcher's) as region --region: no Keystone, no "
+        "clouds.yaml of its own",
+    )
+    parser.add_argument("--region", default=REGION, help="with --keystone-url")
     parser.add_argument("--hosts", type=int, default=1, help="fake compute hosts")
     parser.add_argument("--driver", default="fake.FakeDriver", help="compute_driver")
     parser.add_argument(
@@ -1662,17 +1812,24 @@ def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     stop = threading.Event()
-    with (
-        _stop_on_signals(stop),
-        RealNova(_options_from_args(args), port=args.port, clouds_yaml=args.clouds_yaml) as nova,
-    ):
+    nova = RealNova(
+        _options_from_args(args),
+        port=args.port,
+        clouds_yaml=args.clouds_yaml,
+        region=args.region,
+        keystone_url=args.keystone_url,
+    )
+    with _stop_on_signals(stop), nova:
         info = nova.describe()
-        print(f"realnova: keystone at {nova.auth_url}", flush=True)  # noqa: T201
-        print(  # noqa: T201
-            f"realnova: clouds.yaml at {nova.clouds_yaml} "
-            f"(clouds {CLOUD}, {APPCRED_CLOUD}, {ADMIN_CLOUD})",
-            flush=True,
-        )
+        if args.keystone_url:
+            print(f"realnova: {nova.region} joined keystone at {nova.auth_url}", flush=True)  # noqa: T201
+        else:
+            print(f"realnova: keystone at {nova.auth_url}", flush=True)  # noqa: T201
+            print(  # noqa: T201
+                f"realnova: clouds.yaml at {nova.clouds_yaml} "
+                f"(clouds {CLOUD}, {APPCRED_CLOUD}, {ADMIN_CLOUD})",
+                flush=True,
+            )
         print(READY_PREFIX + json.dumps(info), flush=True)  # noqa: T201
         while not stop.wait(0.5):
             if args.parent_pid and os.getppid() != args.parent_pid:
