@@ -11,6 +11,7 @@ from pathlib import Path
 import hypothesis.internal.conjecture.optimiser  # noqa: F401
 import pytest
 import structlog
+from support import sdk_connection
 
 from osas.process import configure_logging
 from osas.sim import SimulatedOpenStack
@@ -42,3 +43,11 @@ def sim():
     """The simulated OpenStack on 127.0.0.1 (modules with needs of their own define theirs)."""
     with SimulatedOpenStack(FakeNova()) as simulated:
         yield simulated
+
+
+@pytest.fixture
+def conn(sim):
+    """Unmodified openstacksdk connected to ``sim`` as osas's user, in its first region."""
+    connection = sdk_connection(sim)
+    yield connection
+    connection.close()

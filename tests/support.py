@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, Self
 
 import grpc
+import openstack
+import openstack.connection
 import pytest
 import trustme
 import yaml
@@ -34,7 +36,7 @@ from osas.demo.client import CaClient, ClientTls, connect
 from osas.domain.limits import NodeInfo
 from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST, TAG_CLUSTER_PREFIX
 from osas.protocol import externalgrpc_pb2 as pb
-from osas.sim import SimulatedOpenStack
+from osas.sim import DEFAULT_PASSWORD, SimulatedOpenStack
 from osas.sim.model import FakeNova, FakeServer
 from osas.sim.server import APP_CREDENTIAL_ID, APP_CREDENTIAL_SECRET, CLOUD_NAME
 
@@ -648,3 +650,18 @@ def assert_status_screen(state: str, screen: str) -> None:
     """``screen`` has every line ``STATUS_SCREENS`` holds for ``state``."""
     missing = [line for line in STATUS_SCREENS[state] if not re.search(line, screen, re.MULTILINE)]
     assert not missing, f"{state}: no line matches {missing} in\n{screen}"
+
+
+def sdk_connection(sim: SimulatedOpenStack, **overrides: Any) -> openstack.connection.Connection:
+    """Unmodified openstacksdk connected to ``sim`` as osas's user, in its first region."""
+    values: dict[str, Any] = {
+        "auth_url": sim.auth_url,
+        "username": "osas",
+        "password": DEFAULT_PASSWORD,
+        "project_name": "k8s",
+        "user_domain_name": "Default",
+        "project_domain_name": "Default",
+        "region_name": "RegionOne",
+    }
+    values.update(overrides)
+    return openstack.connect(**values)

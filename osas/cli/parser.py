@@ -30,9 +30,10 @@ control API: plain HTTP and JSON, no token, under the URL it prints; GET /_sim/ 
   /_sim/servers     GET lists, POST seeds servers behind osas's back; DELETE /_sim/servers/ID
   /_sim/faults      GET, POST: failures to inject (errors, stalls, lost answers, paging)
   /_sim/quota       GET, POST: Nova's, Neutron's and Cinder's quotas
-  /_sim/nova        GET, POST: build_seconds, delete_seconds, clock_offset
+  /_sim/nova        GET, POST: build_seconds, delete_seconds, clock_offset, server action
+                    timings (start_seconds, stop_seconds, shelve_seconds...)
   /_sim/identity    GET, POST: token lifetime and refusals; POST /_sim/identity/revoke
-  /_sim/activate    POST: finish builds now (all, or {"id": ...})
+  /_sim/activate    POST: finish builds now (all), or a server's build or action ({"id": ...})
   /_sim/calls       GET: requests counted by operation; POST /_sim/calls/reset
 each region but the first (--region) has its own under /regions/NAME/_sim/; a second cloud
 with a Keystone of its own is a second osas sim (--cloud-name, another port).

@@ -18,20 +18,33 @@ the servers compactly:
   ``lost_create_status`` and ``dropped_create_connections`` (creates stored, then the
   connection closed without an answer), ``deletes_while_scheduling_vanish`` (true: a server
   deleted while Nova still schedules it leaves no DELETED row for ``changes-since``, as real
-  Nova's does; false by default: it stays ``deleting``, then DELETED). Besides Nova's,
-  ``Quota`` holds Neutron's ``ports`` and Cinder's ``volumes`` and ``gigabytes`` (each a
-  non-negative integer, or null: unlimited).
+  Nova's does; false by default: it stays ``deleting``, then DELETED). For server actions:
+  ``start_fails`` (next starts end back in SHUTOFF, their fault recorded but not shown, as
+  Nova's API shows faults only on ERROR servers), ``start_stalls`` (next starts stay
+  ``powering-on`` until ``POST /_sim/activate {"id": ...}``), ``unshelve_quota_exceeded``
+  (next unshelves of an offloaded server refused 403 "Quota exceeded", where Nova checks) and
+  ``unshelve_no_valid_host`` (next unshelves of an offloaded server find no host and leave it
+  SHELVED_OFFLOADED). Besides Nova's, ``Quota`` holds Neutron's ``ports`` and Cinder's
+  ``volumes`` and ``gigabytes`` (each a non-negative integer, or null: unlimited), and
+  ``count_usage_from_placement`` (true by default: a SHELVED_OFFLOADED server holds no cores
+  or RAM and its unshelve re-checks them; false: Nova's legacy counting).
 - ``GET|POST /_sim/nova``: ``build_seconds`` (null: BUILD until activated),
-  ``delete_seconds`` (how long a deleted server stays ACTIVE with task_state ``deleting``) and
+  ``delete_seconds`` (how long a deleted server stays ACTIVE with task_state ``deleting``),
   ``clock_offset`` (seconds Nova's clock is off the real one, negative when behind: Nova stamps
-  ``updated``, judges ``changes-since`` and dates its answers by it).
+  ``updated``, judges ``changes-since`` and dates its answers by it), how long each server
+  action runs (``start_seconds``, ``stop_seconds``, ``pause_seconds``, ``unpause_seconds``,
+  ``suspend_seconds``, ``resume_seconds``, ``shelve_seconds``, ``shelve_offload_seconds``,
+  ``unshelve_seconds``), ``shelved_offload_time`` (Nova's option: 0 offloads a shelved server
+  at once, more after that many seconds, -1 never) and ``allow_shelve_offload`` (false: 403 for
+  shelveOffload, Nova's default policy being admin only).
 - ``GET|POST /_sim/identity``: ``token_lifetime`` (seconds: the ``expires_at`` of new tokens;
   keystoneauth renews a token that ends within two minutes before each request),
   ``refuse_after`` (seconds, or null: every API refuses a token once it is this old, while its
   ``expires_at`` says it is valid, as a revocation seen through keystonemiddleware's cache
   does), ``refuse_credentials`` (true: every password and application credential is refused);
   ``POST /_sim/identity/revoke``: every token issued so far is refused from now on.
-- ``POST /_sim/activate`` (optionally ``{"id": ...}``), ``GET /_sim/calls`` (and the
+- ``POST /_sim/activate`` (optionally ``{"id": ...}``: that server also finishes the action
+  it runs, a stalled start included), ``GET /_sim/calls`` (and the
   requests the rate limit answered 429, ``throttled``), ``POST /_sim/calls/reset``.
 - ``GET /_sim/``: the list of these, each with its method, path and what it does.
 """
@@ -96,12 +109,17 @@ class Control:
             ("POST", "/_sim/faults", self._set_faults, "inject faults"),
             ("GET", "/_sim/quota", self._quota, "Nova's, Neutron's and Cinder's quotas"),
             ("POST", "/_sim/quota", self._set_quota, "set quotas"),
-            ("GET", "/_sim/nova", self._timings, "build_seconds, delete_seconds, clock_offset"),
+            ("GET", "/_sim/nova", self._timings, "Nova's timings, clock and shelve settings"),
             ("POST", "/_sim/nova", self._set_timings, "set Nova's timings and clock"),
             ("GET", "/_sim/identity", self._identity, "token lifetime and refusals"),
             ("POST", "/_sim/identity", self._set_identity, "set token lifetime and refusals"),
             ("POST", "/_sim/identity/revoke", self._revoke_tokens, "revoke every token issued"),
-            ("POST", "/_sim/activate", self._activate, 'finish builds (all, or {"id": ...})'),
+            (
+                "POST",
+                "/_sim/activate",
+                self._activate,
+                'finish builds (all, or {"id": ...}: its build or action)',
+            ),
             ("GET", "/_sim/calls", self._calls, "requests counted by operation, and throttled"),
             ("POST", "/_sim/calls/reset", self._reset_calls, "reset the counts"),
         ]
@@ -239,10 +257,18 @@ class Control:
     def _activate(self, request: Request) -> Response:
         body = self._body(request) if request.body else {}
         server_id = body.get("id") if isinstance(body, dict) else None
-        building = {s.server_id for s in self.nova.live_servers() if s.status == "BUILD"}
-        self.nova.activate(server_id)
-        still = {s.server_id for s in self.nova.live_servers() if s.status == "BUILD"}
-        return Response.json(200, {"activated": sorted(building - still)})
+
+        def busy() -> set[str]:
+            return {
+                s.server_id
+                for s in self.nova.live_servers()
+                if s.status == "BUILD" or (s.server_id == server_id and s.phase is not None)
+            }
+
+        with self.nova.lock:
+            before = busy()
+            self.nova.activate(server_id)
+            return Response.json(200, {"activated": sorted(before - busy())})
 
     def _calls(self, request: Request) -> Response:
         del request
@@ -266,11 +292,26 @@ _NOVA_TIMINGS = {
     "build_seconds": "float | None",
     "delete_seconds": "float",
     "clock_offset": "signed float",
+    "start_seconds": "float",
+    "stop_seconds": "float",
+    "pause_seconds": "float",
+    "unpause_seconds": "float",
+    "suspend_seconds": "float",
+    "resume_seconds": "float",
+    "shelve_seconds": "float",
+    "shelve_offload_seconds": "float",
+    "unshelve_seconds": "float",
+    "shelved_offload_time": "signed float",
+    "allow_shelve_offload": "bool",
 }
 _IDENTITY_TIMES = {"token_lifetime": "float", "refuse_after": "float | None"}
 # Fields whose values are bounded beyond "non-negative" (a "signed" one may be negative).
 _DAY = 86_400.0
-_RANGES = {"lost_create_status": (500, 599), "clock_offset": (-_DAY, _DAY)}
+_RANGES = {
+    "lost_create_status": (500, 599),
+    "clock_offset": (-_DAY, _DAY),
+    "shelved_offload_time": (-1, _DAY),
+}
 
 
 def _assign(target: Faults | Quota, values: Any) -> None:

@@ -24,6 +24,20 @@ number of ports exceeded" (``ports_exceeded``), and answers lost or connections 
 a create was stored (``lost_create_responses``, ``lost_create_status``,
 ``dropped_create_connections``), and a public cloud's rate limit in front of the API
 (``create_rate``, ``request_rate``: 429 with ``Retry-After``).
+
+Server actions (``server_action``, ``unshelve_server``) follow Nova's compute API: os-start,
+os-stop, pause, unpause, suspend, resume, shelve, shelveOffload and unshelve, each accepted only
+in the vm states Nova's ``check_instance_state`` lists and with no task running (409 otherwise,
+in Nova's words), each setting its task state at once (``powering-on``, ``shelving``...) and
+ending after its own timing (``start_seconds``, ``shelve_seconds``...), with ``updated`` bumped
+at every step. ``shelve`` offloads at once as Nova's ``shelved_offload_time`` of 0 does (or
+later, or never); a SHELVED_OFFLOADED server keeps counting against ``instances`` but, with
+``Quota.count_usage_from_placement`` (placement counting, or unified limits), no longer against
+cores and RAM, so its unshelve re-checks them (403 "Quota exceeded for resources") and is
+scheduled again (``unshelve_no_valid_host``: back to SHELVED_OFFLOADED, as Nova's conductor
+leaves it). A failed start (``start_fails``) leaves the server SHUTOFF with its fault recorded,
+as Nova's ``reverts_task_state`` and ``wrap_instance_fault`` do; a stalled one
+(``start_stalls``) stays ``powering-on`` until ``activate`` names it.
 """
 
 from __future__ import annotations
@@ -35,7 +49,7 @@ import re
 import threading
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Concatenate, ParamSpec, TypeVar
@@ -62,6 +76,10 @@ _READS_KEPT = 10_000
 SCHEDULING = "scheduling"  # the task state of a new server, as Nova sets it at once
 # vm states (by status) in which Nova lets a server's metadata change, with no task running.
 _METADATA_STATES = {"ACTIVE", "PAUSED", "SUSPENDED", "SHUTOFF"}
+OFFLOADED = "SHELVED_OFFLOADED"
+# A non-Nova exception's fault carries its class name alone (nova.compute.utils'
+# exception_to_dict): what libvirt's power_on failing leaves on the instance.
+START_FAILED = "libvirtError"
 
 
 class NovaRefusal(Exception):
@@ -120,6 +138,13 @@ class FakeServer:
     # Until then the server is BUILD/scheduling and the API's own quota check does not count it.
     scheduling_until: datetime | None = None
     started: datetime | None = None  # when it was created, by the real clock
+    # A server action under way (os-start, shelve...): the step it is at, when that step began
+    # (real clock), and what the injected faults decided for it when it was asked.
+    phase: str | None = None
+    phase_since: datetime | None = None
+    outcome: str | None = None
+    # SHELVED, waiting for Nova's periodic offload (shelved_offload_time > 0; real clock).
+    shelved_since: datetime | None = None
 
     def record(self) -> ServerRecord:
         return ServerRecord(
@@ -130,14 +155,16 @@ class FakeServer:
             metadata={} if self.status == "DELETED" else dict(self.metadata),
             tags=frozenset(self.tags),
             task_state=self.task_state,
-            fault=self.fault,
+            # Nova's API shows a fault only on ERROR and DELETED servers (a failed start's
+            # fault stays on the SHUTOFF server unseen).
+            fault=self.fault if self.status in _FAULT_STATUSES else None,
         )
 
 
 @dataclass(slots=True)
 class Faults:
     """What goes wrong, and how often. Counters (ints) are consumed one create (or one listing
-    page) at a time; floats are settings that hold until changed."""
+    page, or one server action) at a time; floats are settings that hold until changed."""
 
     error_rate: float = 0.0  # share of calls that fail as a 5xx would
     latency: float = 0.0  # seconds added to every call
@@ -152,6 +179,12 @@ class Faults:
     repeated_pages: int = 0  # next pages asked with a marker start with the marker's server
     skipped_servers: int = 0  # next listing pages leave out their first server (Nova can)
     ports_exceeded: int = 0  # next creates refused with 403 "Maximum number of ports exceeded"
+    start_fails: int = 0  # next starts end back in SHUTOFF (SHELVED) with a fault recorded
+    start_stalls: int = 0  # next starts stay powering-on until ``activate`` names the server
+    # next unshelves of a SHELVED_OFFLOADED server refused with 403 "Quota exceeded" (only
+    # where Nova checks: with Quota.count_usage_from_placement), or that find no host
+    unshelve_quota_exceeded: int = 0
+    unshelve_no_valid_host: int = 0
     max_servers: int | None = None  # the project's instance quota
     # A server deleted while Nova is still scheduling it vanishes whole, leaving no DELETED
     # row for changes-since (real Nova deletes the build request; no instance ever existed).
@@ -179,6 +212,11 @@ class Quota:
     ports: int | None = None  # Neutron's
     volumes: int | None = None  # Cinder's
     gigabytes: int | None = None  # Cinder's, GiB of volumes
+    # Nova's [quota] count_usage_from_placement (or unified limits): cores and RAM counted from
+    # placement, where a SHELVED_OFFLOADED server holds none, so its unshelve re-checks them.
+    # False is Nova's legacy counting (its default) from the cell databases: every live server
+    # counts its flavor, and unshelve checks nothing.
+    count_usage_from_placement: bool = True
 
 
 @dataclass(slots=True)
@@ -287,6 +325,24 @@ class FakeNova:
         self.flavors = {flavor.flavor_id: flavor for flavor in flavors}
         self.build_seconds = build_seconds  # None: servers stay BUILD until activate()
         self.delete_seconds = delete_seconds
+        # How long each server action runs on its compute host (real clock, read while the step
+        # runs; 0: done at the next look). A SHELVED_OFFLOADED server's unshelve is scheduled
+        # for the first half of unshelve_seconds and spawns for the second; a SHELVED one's
+        # unshelve is a start (start_seconds, and the start faults).
+        self.start_seconds = 0.0
+        self.stop_seconds = 0.0
+        self.pause_seconds = 0.0
+        self.unpause_seconds = 0.0
+        self.suspend_seconds = 0.0
+        self.resume_seconds = 0.0
+        self.shelve_seconds = 0.0  # power off and snapshot (a boot volume needs none)
+        self.shelve_offload_seconds = 0.0  # off the host (also a volume-backed shelve)
+        self.unshelve_seconds = 0.0
+        # Nova's option: 0 offloads a shelved server at once, more waits that many seconds
+        # (Nova's periodic task looks every shelved_poll_interval), negative never offloads.
+        self.shelved_offload_time = 0.0
+        # Nova's default policy lets only admins shelveOffload; the simulator's user is none.
+        self.allow_shelve_offload = False
         self._base_clock = clock or (lambda: datetime.now(UTC))
         # How far Nova's clock is off the real one (negative: behind); Nova stamps
         # `updated_at`, judges `changes-since` and writes its answers' Date by it.
@@ -335,8 +391,16 @@ class FakeNova:
     @_locked
     def activate(self, server_id: str | None = None) -> None:
         """Finish the build of one server, or of every server in BUILD. A server still waiting
-        for the quota re-check has it now, and may end ERROR instead."""
+        for the quota re-check has it now, and may end ERROR instead. A server named by id
+        also finishes the action it runs (a stalled start too, as Nova's compute host retries
+        a start left ``powering-on`` when it restarts); one bound to fail fails now."""
         now = self.clock()
+        self._advance()
+        named = self._servers.get(server_id) if server_id is not None else None
+        if named is not None and named.phase is not None:
+            if named.outcome == "stalls":
+                named.outcome = None
+            self._advance_action(named, None, now)
         for server in list(self._servers.values()):
             if server.status != "BUILD" or server_id not in {None, server.server_id}:
                 continue
@@ -401,13 +465,20 @@ class FakeNova:
         return self._usage_of(self.live_servers())
 
     def _usage_of(self, servers: Iterable[FakeServer]) -> dict[str, int]:
+        """Every server counts one instance; its flavor's cores and RAM unless it is
+        SHELVED_OFFLOADED with no unshelve under way and usage is counted from placement."""
         servers = list(servers)
-        flavors = [self.flavors.get(server.flavor_id) for server in servers]
+        placement = self.quota.count_usage_from_placement
+        flavors = [
+            self.flavors.get(server.flavor_id)
+            for server in servers
+            if not (placement and _offloaded(server))
+        ]
         holding = [server for server in servers if _holds_resources(server)]
         held = {server.server_id for server in holding}
         volumes = [s.boot_volume_gib for s in holding if s.boot_volume_gib is not None]
         return {
-            "instances": len(flavors),
+            "instances": len(servers),
             "cores": sum(flavor.vcpus for flavor in flavors if flavor is not None),
             "ram": sum(flavor.ram_mib for flavor in flavors if flavor is not None),
             # One port per network a server is on (a port it was given is one of them).
@@ -693,13 +764,198 @@ class FakeNova:
             self._unsettled.pop(server_id, None)
             self._listing_order = None
             return True
+        # No host to ask: Nova's API deletes a shelved offloaded server itself, at once.
+        local = server.status == OFFLOADED and not has_host(server)
+        # The compute host's action, if any, finds the task state changed and gives up.
+        server.phase = server.phase_since = server.outcome = server.shelved_since = None
         if server.deleting_since is None:
             server.deleting_since = self._base_clock()
             server.task_state = "deleting"
             server.updated_at = self.clock()
             self._unsettled[server_id] = server
+            if local:
+                server.status, server.task_state = "DELETED", None
+                server.tags.clear()
         self._advance()
         return True
+
+    # -- server actions ---------------------------------------------------------------------------
+
+    @_locked
+    def server_action(self, server_id: str, action: str) -> None:
+        """Ask for one of Nova's server actions by the key of its request body (``os-start``,
+        ``os-stop``, ``pause``, ``unpause``, ``suspend``, ``resume``, ``shelve``,
+        ``shelveOffload``, ``unshelve``), as Nova's API takes it: NovaRefusal with Nova's
+        status and message (404, 409 in the wrong state, 403 for the policy or the quota),
+        else the task state is set (``updated`` bumped) and the compute host's work runs on
+        by the timings. ``unshelve`` here is ``unshelve_server`` with no zone or host."""
+        if action == "unshelve":
+            self.unshelve_server(server_id)
+            return
+        kind = SERVER_ACTIONS.get(action)
+        if kind is None:
+            raise NovaRefusal(f"There is no such action: {action}", 400)
+        self.calls[f"servers.action.{action}"] += 1
+        # Nova's controller asks the policy before the compute API checks the state.
+        policy = None if action != "shelveOffload" or self.allow_shelve_offload else action
+        server = self._server_for_action(server_id, kind, refused_by_policy=policy)
+        outcome = None
+        if action == "os-start":
+            outcome = self._start_outcome()
+        first = _FIRST_PHASE[action]
+        if action == "shelve" and server.boot_volume_gib is not None:
+            first = "shelve-volume"  # no snapshot: Nova's API offloads a volume-backed server
+        self._begin(server, first, outcome)
+
+    @_locked
+    def unshelve_server(
+        self,
+        server_id: str,
+        *,
+        availability_zone: str | None = None,
+        zone_given: bool = False,
+        host: str | None = None,
+    ) -> None:
+        """Unshelve as Nova's API does. A SHELVED server is started again on its host; a
+        SHELVED_OFFLOADED one has its cores and RAM checked first (with placement counting:
+        403 "Quota exceeded for resources: [...]"), then is scheduled again, optionally to
+        ``availability_zone`` (``zone_given``: None unpins it; microversion 2.77, 2.91) and
+        spawned. A zone or host for a server that is not offloaded is a 409; a host is an
+        admin's choice (403 for the simulator's user)."""
+        self.calls["servers.action.unshelve"] += 1
+        server = self._server_for_action(server_id, SERVER_ACTIONS["unshelve"])
+        offloaded = server.status == OFFLOADED
+        if offloaded:
+            self._check_unshelve_quota(server)
+        if (zone_given or host) and not offloaded:
+            raise NovaRefusal(
+                f"Specifying an availability zone or a host when unshelving server "
+                f'"{server_id}" with status "{_VM_STATES[server.status]}" is not supported. '
+                "The server status must be SHELVED_OFFLOADED.",
+                409,
+            )
+        if zone_given and availability_zone and availability_zone not in self.availability_zones:
+            raise NovaRefusal("The requested availability zone is not available", 400)
+        if host:
+            raise NovaRefusal(
+                "Policy doesn't allow os_compute_api:os-shelve:unshelve_to_host to be performed.",
+                403,
+            )
+        if zone_given:
+            server.availability_zone = availability_zone
+        if offloaded:
+            outcome = "no_valid_host" if self.take_fault("unshelve_no_valid_host") else None
+            self._begin(server, "unshelve", outcome)
+        else:
+            self._begin(server, "unshelve-shelved", self._start_outcome())
+
+    def _server_for_action(
+        self, server_id: str, kind: ServerAction, *, refused_by_policy: str | None = None
+    ) -> FakeServer:
+        """The server, if Nova's API would act on it now: found (404), allowed by the policy
+        (403), then its ``check_instance_host`` (start, stop) and ``check_instance_state``
+        (the vm state, then no task running): 409."""
+        self._advance()
+        server = self._servers.get(server_id)
+        if server is None or server.status == "DELETED":
+            raise NovaRefusal(f"Instance {server_id} could not be found.", 404)
+        if refused_by_policy is not None:
+            rule = {"shelveOffload": "os-shelve:shelve_offload"}[refused_by_policy]
+            raise NovaRefusal(f"Policy doesn't allow os_compute_api:{rule} to be performed.", 403)
+        if kind.needs_host and not has_host(server):
+            raise NovaRefusal(f"Instance {server_id} is not ready", 409)
+        return _in_state(server, kind.allowed, kind.name)
+
+    def _start_outcome(self) -> str | None:
+        if self.take_fault("start_stalls"):
+            return "stalls"
+        return "fails" if self.take_fault("start_fails") else None
+
+    def _check_unshelve_quota(self, server: FakeServer) -> None:
+        """Nova's API re-checks cores and RAM for an offloaded server when usage comes from
+        placement (it holds none there); legacy counting never stopped counting them."""
+        if not self.quota.count_usage_from_placement:
+            return
+        if self.take_fault("unshelve_quota_exceeded"):
+            raise NovaRefusal("Quota exceeded for resources: ['cores']", 403)
+        used = self._usage_of(s for s in self.live_servers() if not _scheduling(s))
+        requested = _requested(self.flavors.get(server.flavor_id))
+        limits = self._quota_limits()
+        overs = [
+            resource
+            for resource in ("cores", "ram")
+            if (limit := limits[resource]) is not None
+            and used[resource] + requested[resource] > limit
+        ]
+        if overs:
+            raise NovaRefusal(f"Quota exceeded for resources: {overs!r}", 403)
+
+    def _begin(self, server: FakeServer, phase: str, outcome: str | None) -> None:
+        """Nova's API sets the task state and hands the rest to the conductor or the host."""
+        server.phase, server.phase_since, server.outcome = phase, self._base_clock(), outcome
+        server.shelved_since = None
+        server.task_state = _PHASES[phase][0]
+        server.updated_at = self.clock()
+        self._unsettled[server.server_id] = server
+
+    def _phase_seconds(self, server: FakeServer) -> float | None:
+        """How long the server's current step lasts; None while a stalled start holds it."""
+        phase = server.phase
+        if phase is None or (phase == "start" and server.outcome == "stalls"):
+            return None
+        _, timing, share = _PHASES[phase]
+        return 0.0 if timing is None else float(getattr(self, timing)) * share
+
+    def _advance_action(self, server: FakeServer, real: datetime | None, now: datetime) -> None:
+        """End every step of the server's action that is due by ``real`` (None: every step
+        now, as ``activate`` asks), each step starting when the one before it ended; then
+        Nova's periodic offload of a server shelved long enough."""
+        while True:
+            seconds = self._phase_seconds(server)
+            if seconds is not None and server.phase_since is not None:
+                due = server.phase_since + timedelta(seconds=seconds)
+                if real is not None and real < due:
+                    return
+                self._end_phase(server, due if real is not None else self._base_clock(), now)
+                continue
+            wait = self.shelved_offload_time
+            since = server.shelved_since
+            if real is None or server.phase is not None or since is None or wait <= 0:
+                return
+            due = since + timedelta(seconds=wait)
+            if real < due:
+                return
+            server.shelved_since = None
+            server.phase, server.phase_since, server.outcome = "offload", due, None
+            server.task_state, server.updated_at = _PHASES["offload"][0], now
+
+    def _end_phase(self, server: FakeServer, ended: datetime, now: datetime) -> None:
+        """One step of an action done, as Nova's conductor or compute host saves it."""
+        phase, outcome = server.phase, server.outcome
+        following: str | None = None
+        if phase == "start" and outcome == "fails":
+            # reverts_task_state clears the task; wrap_instance_fault records the fault.
+            server.fault, server.fault_created = Fault(500, START_FAILED), now
+        elif phase == "shelve":
+            server.status = "SHELVED"
+            if self.shelved_offload_time == 0:
+                following = "offload"
+            elif self.shelved_offload_time > 0:
+                server.shelved_since = ended
+        elif phase == "unshelve-shelved":
+            following = "start"  # the conductor asks the host to start it again
+        elif phase == "unshelve":
+            # NoValidHost: the conductor clears the task and leaves it offloaded.
+            following = None if outcome == "no_valid_host" else "spawn"
+        elif phase is not None:
+            server.status = _PHASE_ENDS[phase]
+        server.updated_at = now
+        if following is None:
+            server.phase = server.phase_since = server.outcome = None
+            server.task_state = None
+        else:
+            server.phase, server.phase_since = following, ended
+            server.task_state = _PHASES[following][0]
 
     @_locked
     def set_metadata(
@@ -737,15 +993,7 @@ class FakeNova:
         server = self._servers.get(server_id)
         if server is None or server.status == "DELETED":
             raise NovaRefusal(f"Instance {server_id} could not be found.", 404)
-        if server.status not in _METADATA_STATES:
-            state = ("vm_state", _VM_STATES.get(server.status, server.status.lower()))
-        elif server.task_state is not None:
-            state = ("task_state", server.task_state)
-        else:
-            return server
-        raise NovaRefusal(
-            f"Cannot '{action}' instance {server_id} while it is in {state[0]} {state[1]}", 409
-        )
+        return _in_state(server, _METADATA_STATES, action)
 
     def _new_server(
         self,
@@ -807,8 +1055,13 @@ class FakeNova:
             ):
                 server.status, server.task_state, server.updated_at = "DELETED", None, now
                 server.tags.clear()
-            if server.status != "BUILD" and (
-                server.deleting_since is None or server.status == "DELETED"
+            if server.phase is not None or server.shelved_since is not None:
+                self._advance_action(server, real, now)
+            if (
+                server.status != "BUILD"
+                and server.phase is None
+                and server.shelved_since is None
+                and (server.deleting_since is None or server.status == "DELETED")
             ):
                 del self._unsettled[server.server_id]  # nothing left for time to do
 
@@ -864,6 +1117,89 @@ class FakeNova:
 
 _VM_STATES = {"BUILD": "building", "ACTIVE": "active", "ERROR": "error", "DELETED": "deleted"}
 _VM_STATES |= {"SHUTOFF": "stopped", "PAUSED": "paused", "SUSPENDED": "suspended"}
+_VM_STATES |= {"SHELVED": "shelved", OFFLOADED: "shelved_offloaded"}
+VM_STATES: Mapping[str, str] = _VM_STATES  # Nova's vm_state behind each status
+_FAULT_STATUSES = frozenset({"ERROR", "DELETED"})  # the statuses Nova's view shows a fault on
+
+
+@dataclass(frozen=True, slots=True)
+class ServerAction:
+    """One of Nova's server actions as its API checks it (nova/compute/api.py)."""
+
+    name: str  # as Nova's 409 names it
+    allowed: frozenset[str]  # the statuses (vm states) it is accepted in, with no task running
+    needs_host: bool = False  # start and stop first check that the server has a host
+
+
+def _action(name: str, *allowed: str, needs_host: bool = False) -> ServerAction:
+    return ServerAction(name, frozenset(allowed), needs_host)
+
+
+# By the key of the request body; the states from Nova's check_instance_state decorators.
+SERVER_ACTIONS: Mapping[str, ServerAction] = {
+    "os-start": _action("start", "SHUTOFF", needs_host=True),
+    "os-stop": _action("stop", "ACTIVE", "ERROR", needs_host=True),
+    "pause": _action("pause", "ACTIVE"),
+    "unpause": _action("unpause", "PAUSED"),
+    "suspend": _action("suspend", "ACTIVE"),
+    "resume": _action("resume", "SUSPENDED"),
+    "shelve": _action("shelve", "ACTIVE", "SHUTOFF", "PAUSED", "SUSPENDED"),
+    "shelveOffload": _action("shelveOffload", "SHELVED"),
+    "unshelve": _action("unshelve", "SHELVED", OFFLOADED),
+}
+# The steps an action runs through: (task state, the FakeNova timing it lasts, share of it).
+_PHASES: Mapping[str, tuple[str, str | None, float]] = {
+    "start": ("powering-on", "start_seconds", 1.0),
+    "stop": ("powering-off", "stop_seconds", 1.0),
+    "pause": ("pausing", "pause_seconds", 1.0),
+    "unpause": ("unpausing", "unpause_seconds", 1.0),
+    "suspend": ("suspending", "suspend_seconds", 1.0),
+    "resume": ("resuming", "resume_seconds", 1.0),
+    "shelve": ("shelving", "shelve_seconds", 1.0),
+    "shelve-volume": ("shelving", "shelve_offload_seconds", 1.0),
+    "offload": ("shelving_offloading", "shelve_offload_seconds", 1.0),
+    "unshelve-shelved": ("unshelving", None, 1.0),
+    "unshelve": ("unshelving", "unshelve_seconds", 0.5),  # the conductor schedules it
+    "spawn": ("spawning", "unshelve_seconds", 0.5),  # the host fetches the image and boots
+}
+_FIRST_PHASE = {
+    "os-start": "start",
+    "os-stop": "stop",
+    "pause": "pause",
+    "unpause": "unpause",
+    "suspend": "suspend",
+    "resume": "resume",
+    "shelve": "shelve",
+    "shelveOffload": "offload",
+}
+# Where the steps that simply end leave the server.
+_PHASE_ENDS = {
+    "start": "ACTIVE",
+    "stop": "SHUTOFF",
+    "pause": "PAUSED",
+    "unpause": "ACTIVE",
+    "suspend": "SUSPENDED",
+    "resume": "ACTIVE",
+    "shelve-volume": OFFLOADED,
+    "offload": OFFLOADED,
+    "spawn": "ACTIVE",
+}
+
+
+def _offloaded(server: FakeServer) -> bool:
+    """SHELVED_OFFLOADED with no unshelve under way: no host, no allocation in placement."""
+    return server.status == OFFLOADED and server.task_state is None
+
+
+def has_host(server: FakeServer) -> bool:
+    """Whether Nova has the server on a compute host (``instance.host`` set): not while it is
+    scheduled, not in ERROR (cell0, or its host cleared when its build failed), not when
+    offloaded until its unshelve spawns it."""
+    if server.status == "BUILD":
+        return server.task_state != SCHEDULING
+    if server.status == OFFLOADED:
+        return server.task_state == "spawning"
+    return server.status not in {"ERROR", "DELETED"}
 
 
 def _scheduling(server: FakeServer) -> bool:
@@ -911,3 +1247,18 @@ def _metadata_limit_message(allowed: int) -> str:
 def _listing_order(server: FakeServer) -> tuple[datetime, str]:
     """Nova's default sort key (created_at, then id); listings run from the largest down."""
     return server.created_at, server.server_id
+
+
+def _in_state(server: FakeServer, allowed: Container[str], action: str) -> FakeServer:
+    """The server, when ``action`` may act on it: in one of the ``allowed`` states, with no
+    task running; else Nova's 409, naming the state that refuses it."""
+    if server.status not in allowed:
+        state = ("vm_state", _VM_STATES.get(server.status, server.status.lower()))
+    elif server.task_state is not None:
+        state = ("task_state", server.task_state)
+    else:
+        return server
+    raise NovaRefusal(
+        f"Cannot '{action}' instance {server.server_id} while it is in {state[0]} {state[1]}",
+        409,
+    )

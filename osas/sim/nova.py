@@ -27,6 +27,15 @@ refuses a create whose new ports would not fit (403, as the fault does; a networ
 existing port needs none), and Cinder's ``volumes`` and ``gigabytes`` are checked only when the
 build makes the boot volume, after the 202: the server turns ERROR with a 500 fault
 "Build of instance <id> aborted: VolumeLimitExceeded: ..." (or VolumeSizeExceedsAvailableQuota).
+
+``POST /servers/{id}/action`` takes Nova's ``os-start``, ``os-stop``, ``pause``, ``unpause``,
+``suspend``, ``resume``, ``shelve``, ``shelveOffload`` and ``unshelve`` bodies (unshelve's
+``availability_zone`` from 2.77, ``host`` and a null zone from 2.91, checked by Nova's schema of
+each microversion) and answers 202 with no body, or Nova's refusals: 400 for a body naming no
+action or several, 404, 403 (the policy, the quota an offloaded server's unshelve re-checks),
+409 ``conflictingRequest`` in a state the action does not take. The server view shows the
+statuses SHUTOFF, PAUSED, SUSPENDED, SHELVED and SHELVED_OFFLOADED with their vm_state and
+power_state, and the task state while an action runs (``FakeNova.server_action``).
 """
 
 from __future__ import annotations
@@ -44,7 +53,17 @@ from osas.cloud.port import CreateServerRequest
 from osas.domain.servers import Flavor
 from osas.domain.specs import BootVolume
 from osas.sim.glance import Glance
-from osas.sim.model import FakeKeypair, FakeNova, FakeServer, FakeServerGroup, NovaRefusal
+from osas.sim.model import (
+    OFFLOADED,
+    SERVER_ACTIONS,
+    VM_STATES,
+    FakeKeypair,
+    FakeNova,
+    FakeServer,
+    FakeServerGroup,
+    NovaRefusal,
+    has_host,
+)
 from osas.sim.neutron import Neutron, mac_for
 from osas.sim.nova_schema import (
     CHANGES_BEFORE,
@@ -66,12 +85,15 @@ from osas.sim.nova_schema import (
     parse_time,
     ref_id,
     unexpected_properties,
+    unshelve_arguments,
 )
 from osas.sim.routing import HttpError, Request, Response, Router, parse_limit, timestamp
 
-_VM_STATES = {"BUILD": "building", "ACTIVE": "active", "ERROR": "error", "DELETED": "deleted"}
-_VM_STATES |= {"SHUTOFF": "stopped", "PAUSED": "paused", "SUSPENDED": "suspended"}
-_POWER_RUNNING, _POWER_NOSTATE, _POWER_SHUTDOWN = 1, 0, 4
+# Nova's power states (nova/compute/power_state.py) by status; anything else is NOSTATE (0).
+_POWER_STATES = {"ACTIVE": 1, "PAUSED": 3, "SHUTOFF": 4, "SUSPENDED": 7}
+_POWER_STATES |= {"SHELVED": 4, OFFLOADED: 4}  # powered off before the snapshot
+# Statuses whose view lists the server's addresses (its ports are kept, bound or not).
+_ADDRESSED = frozenset({"ACTIVE", "SHUTOFF", "PAUSED", "SUSPENDED", "SHELVED", OFFLOADED})
 
 
 class Compute:
@@ -110,6 +132,7 @@ class Compute:
             ("POST", "/servers", "servers.create", self._create),
             ("GET", "/servers/{server_id}", "servers.get", self._show),
             ("DELETE", "/servers/{server_id}", "servers.delete", self._delete),
+            ("POST", "/servers/{server_id}/action", "servers.action", self._action),
             ("GET", "/servers/{server_id}/tags", "servers.tags.list", self._tags),
             ("PUT", "/servers/{server_id}/tags", "servers.tags.replace", self._replace_tags),
             ("PUT", "/servers/{server_id}/tags/{tag}", "servers.tags.add", self._add_tag),
@@ -347,7 +370,7 @@ class Compute:
             "user_id": self.user_id,
             # Nova reads a deleted server's metadata as empty (its rows are soft-deleted).
             "metadata": {} if server.status == "DELETED" else dict(server.metadata),
-            "hostId": self._host_id if scheduled else "",
+            "hostId": self._host_id if scheduled and has_host(server) else "",
             "image": (
                 {"id": server.image, "links": self._links(base_url, "images", server.image)[1:]}
                 if server.image
@@ -356,7 +379,7 @@ class Compute:
             "flavor": self._embedded_flavor(server, version, base_url),
             "created": timestamp(server.created_at),
             "updated": timestamp(server.updated_at),
-            "addresses": self._addresses(server) if server.status == "ACTIVE" else {},
+            "addresses": self._addresses(server) if server.status in _ADDRESSED else {},
             "accessIPv4": "",
             "accessIPv6": "",
             "links": self._links(base_url, "servers", server.server_id),
@@ -367,8 +390,8 @@ class Compute:
             if scheduled
             else "",
             "OS-EXT-STS:task_state": server.task_state,
-            "OS-EXT-STS:vm_state": _VM_STATES.get(server.status, server.status.lower()),
-            "OS-EXT-STS:power_state": _power_state(server.status),
+            "OS-EXT-STS:vm_state": VM_STATES.get(server.status, server.status.lower()),
+            "OS-EXT-STS:power_state": _POWER_STATES.get(server.status, 0),
             "OS-SRV-USG:launched_at": (
                 timestamp(server.created_at).replace("Z", ".000000") if scheduled else None
             ),
@@ -575,6 +598,31 @@ class Compute:
         if not self.nova.delete_asked(server_id):
             raise nova_error(404, f"Instance {server_id} could not be found.")
         return Response.empty(204)
+
+    def _action(self, request: Request, version: Microversion) -> Response:
+        """A server action, dispatched as Nova's WSGI layer does: by the one key of the body
+        (before the server is looked up), then the action's schema, then the server."""
+        try:
+            document = request.json(lambda message: nova_error(400, message))
+        except HttpError:
+            document = None
+        if not isinstance(document, dict) or len(document) != 1:
+            raise nova_error(400, "Malformed request body")
+        action, value = next(iter(document.items()))
+        if action not in SERVER_ACTIONS:
+            raise nova_error(400, f"There is no such action: {action}")
+        server_id = request.params["server_id"]
+        try:
+            if action == "unshelve":
+                zone_given, zone, host = unshelve_arguments(value, version)
+                self.nova.unshelve_server(
+                    server_id, availability_zone=zone, zone_given=zone_given, host=host
+                )
+            else:
+                self.nova.server_action(server_id, action)
+        except NovaRefusal as exc:
+            raise nova_error(exc.status, str(exc)) from exc
+        return Response.empty(202)
 
     def _create(self, request: Request, version: Microversion) -> Response:
         document = request.json(lambda message: nova_error(400, message))
@@ -942,14 +990,6 @@ def _next_page(request: Request, marker: str) -> list[dict[str, str]]:
     return [
         {"rel": "next", "href": f"{request.base_url}{request.path.rstrip('/')}?{urlencode(params)}"}
     ]
-
-
-def _power_state(status: str) -> int:
-    if status == "ACTIVE":
-        return _POWER_RUNNING
-    if status == "SHUTOFF":
-        return _POWER_SHUTDOWN
-    return _POWER_NOSTATE
 
 
 def _volume_id(server: FakeServer) -> str:

@@ -43,6 +43,8 @@ CREATE_TAGS = Microversion(2, 52)
 SERVER_GROUP_POLICY = Microversion(2, 64)
 CHANGES_BEFORE = Microversion(2, 66)
 STRICT_QUERY = Microversion(2, 75)
+UNSHELVE_ZONE = Microversion(2, 77)  # unshelve {"availability_zone": ...}
+UNSHELVE_HOST = Microversion(2, 91)  # unshelve {"host": ...}, and a null zone to unpin
 
 # GET /servers query parameters Nova's schema knows (from 2.75 anything else is a 400).
 KNOWN_SERVER_QUERY = frozenset(
@@ -333,3 +335,38 @@ def _checked_block_devices(value: Any) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
         raise invalid_body("block_device_mapping_v2", value, f"{value!r} is not of type 'array'")
     return list(value)
+
+
+def unshelve_arguments(value: Any, version: Microversion) -> tuple[bool, str | None, str | None]:
+    """What an unshelve body's value asks, checked by Nova's schema for the microversion:
+    (whether a zone was given, the zone (None: unpin), the host). Before 2.77 any value is
+    taken and means nothing; from 2.77 it is null or ``{"availability_zone": <name>}``; from
+    2.91 null or an object with an optional zone (a string, or null) and host."""
+    if version < UNSHELVE_ZONE or value is None:
+        return False, None, None
+    if not isinstance(value, dict):
+        raise invalid_body("unshelve", value, f"{value!r} is not of type 'object', 'null'")
+    allowed = {"availability_zone", "host"} if version >= UNSHELVE_HOST else {"availability_zone"}
+    extra = set(value) - allowed
+    if extra:
+        raise invalid_body("unshelve", value, unexpected_properties(extra))
+    if version < UNSHELVE_HOST:
+        if "availability_zone" not in value:
+            raise invalid_body("unshelve", value, "'availability_zone' is a required property")
+        zone = value["availability_zone"]
+        if not isinstance(zone, str):
+            raise invalid_body("availability_zone", zone, f"{zone!r} is not of type 'string'")
+        if not 1 <= len(zone) <= _MAX_NAME or zone != zone.strip():
+            raise nova_error(
+                400,
+                "An invalid 'name' value was provided. The name must be: printable "
+                "characters. Can not start or end with whitespace.",
+            )
+        return True, zone, None
+    zone = value.get("availability_zone")
+    if zone is not None and not isinstance(zone, str):
+        raise invalid_body("availability_zone", zone, f"{zone!r} is not of type 'string', 'null'")
+    host = value.get("host")
+    if "host" in value and not isinstance(host, str):
+        raise invalid_body("host", host, f"{host!r} is not of type 'string'")
+    return "availability_zone" in value, zone, host
