@@ -415,7 +415,7 @@ def test_bad_gpu_count(tmp_path, count):
     expect_problem(tmp_path, data, f"{GPU}.gpu.count", "Input should be")
 
 
-@pytest.mark.parametrize("key", ["osas-cluster", "osas-node-group", "osas-request-id"])
+@pytest.mark.parametrize("key", ["osas-cluster", "osas-node-group", "osas-request-id", "osas-warm"])
 def test_metadata_with_reserved_key(tmp_path, key):
     data = group(metadata={"team": "infra", key: "x"})
     expect_problem(tmp_path, data, WORKERS, f"metadata keys ['{key}']", "ownership")

@@ -34,7 +34,7 @@ from osas.config.convert import as_values, default_duration, default_of
 from osas.domain.ids import NAME_MAX_LENGTH, NAME_PATTERN
 from osas.domain.ledger import LedgerSettings
 from osas.domain.limits import MAX_GROUP_SIZE
-from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST
+from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST, META_WARM
 from osas.domain.specs import (
     BootstrapTokenSpec,
     ClusterSpec,
@@ -109,7 +109,7 @@ CLIENT_PATTERN = r"^(dns|uri|cn):\S+$"
 _USER_DATA_MAX = 65535
 _METADATA_ITEM_MAX = 255
 _PORT_MAX = 65535
-_RESERVED_METADATA = frozenset({META_CLUSTER, META_GROUP, META_REQUEST})
+_RESERVED_METADATA = frozenset({META_CLUSTER, META_GROUP, META_REQUEST, META_WARM})
 # The user data variables osas fills in itself.
 _BUILTIN_VARS = frozenset({"server_name", "node_group", "cluster_name", "bootstrap_token"})
 # A minted join token lives at least this long (a server takes minutes to build and join) and

@@ -17,6 +17,7 @@ from osas.domain.quota import GroupHeadroom, QuotaBook
 from osas.domain.servers import ErrorInfo, Flavor, Server, classify_fault
 from osas.domain.snapshot import Snapshot
 from osas.domain.specs import ClusterSpec, NodeGroupSpec
+from osas.domain.warm import WarmPool
 
 
 class InstanceState(IntEnum):
@@ -41,6 +42,8 @@ class Inventory:
         self._ids: ProviderIdFormat = cluster.provider_ids  # restart-only: never reloaded
         self.snapshot = Snapshot()
         self.ledger = Ledger(cluster, self.snapshot, settings)
+        # Servers waiting in warm pools: listed with the others, never in CA's view.
+        self.warm = WarmPool()
         self.quota = QuotaBook()
         # The region its servers live in, as the cloud resolved it at its check ("" before,
         # or for a cloud that names none): the scale-from-zero templates carry it.

@@ -12,6 +12,9 @@ from enum import IntEnum
 META_CLUSTER = "osas-cluster"
 META_GROUP = "osas-node-group"
 META_REQUEST = "osas-request-id"
+# On a server prepared for a node group's warm pool while it waits to be claimed: what it was
+# prepared from. Such a server is not a node of the group, and never in CA's view.
+META_WARM = "osas-warm"
 TAG_CLUSTER_PREFIX = "osas-cluster="
 TAG_REQUEST_PREFIX = "osas-request="
 
@@ -76,6 +79,21 @@ class Server:
 
 
 @dataclass(frozen=True, slots=True)
+class WarmServer:
+    """A server of this cluster prepared for a node group and waiting in its warm pool: it
+    carries the cluster's marks, the group's and the warm mark. Not a node of the group until
+    claimed (the warm mark taken off), so never in CA's view and never counted."""
+
+    server_id: str
+    name: str
+    group_id: str
+    status: str
+    task_state: str | None
+    prepared_from: str  # the warm mark's value
+    created: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class OwnershipMarks:
     """The marks that make a server belong to this cluster and one of its node groups."""
 
@@ -105,8 +123,8 @@ class OwnershipMarks:
         if self.cluster_tag not in record.tags:
             return None
         group_id = metadata.get(META_GROUP)
-        if not group_id:
-            return None
+        if not group_id or META_WARM in metadata:
+            return None  # a warm server is no node of the group until claimed (``warm``)
         status, request_id = record.status.upper(), metadata.get(META_REQUEST)
         if (
             known is not None
@@ -128,6 +146,29 @@ class OwnershipMarks:
             task_state=None if record.task_state is None else sys.intern(record.task_state),
             request_id=request_id,
             fault=record.fault,
+            created=epoch_seconds(record.created),
+        )
+
+    def warm(self, record: ServerRecord) -> WarmServer | None:
+        """The server as one of a group's warm pool, or None unless it has the cluster tag,
+        both metadata marks and the warm mark."""
+        metadata = record.metadata
+        prepared_from = metadata.get(META_WARM)
+        group_id = metadata.get(META_GROUP)
+        if (
+            prepared_from is None
+            or not group_id
+            or metadata.get(META_CLUSTER) != self.cluster_name
+            or self.cluster_tag not in record.tags
+        ):
+            return None
+        return WarmServer(
+            server_id=record.server_id,
+            name=record.name,
+            group_id=sys.intern(group_id),
+            status=sys.intern(record.status.upper()),
+            task_state=None if record.task_state is None else sys.intern(record.task_state),
+            prepared_from=prepared_from,
             created=epoch_seconds(record.created),
         )
 

@@ -166,6 +166,12 @@ class EngineCollector(Collector):
             "while the quota is unread or unlimited.",
             ["group", "resource"],
         )
+        warm = _gauge(
+            "osas_warm_pool_servers",
+            "Servers prepared for each node group and waiting in its warm pool, by Nova's "
+            "status (SHUTOFF, BUILD...): never in CA's view nor in osas_inventory_servers.",
+            ["group", "status"],
+        )
         place_of = _gauge(
             "osas_node_group_place",
             "1 for the cloud and region each node group lives in (join on group to say "
@@ -196,7 +202,10 @@ class EngineCollector(Collector):
                 for state in CREATE_STATES:
                     creates.add_metric([group, state], in_hand[state])
                 in_doubt.add_metric([group], in_hand["in_doubt"])
+                for status, count in inventory.warm.census(group).items():
+                    warm.add_metric([group, status], count)
         yield from (minimum, maximum, reported, headroom, target, servers, creates, in_doubt)
+        yield warm
         yield place_of
 
     def _work(self) -> Iterator[Metric]:

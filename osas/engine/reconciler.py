@@ -34,7 +34,7 @@ from osas.cloud.port import VERIFY_WAITS_FOR, Cloud, ServerListing
 from osas.domain.inventory import Inventory
 from osas.domain.ledger import Orders
 from osas.domain.problems import JoinWatch, ProblemSettings, ProblemWatch
-from osas.domain.servers import Flavor, OwnershipMarks, Server, ServerRecord
+from osas.domain.servers import Flavor, OwnershipMarks, Server, ServerRecord, WarmServer
 from osas.domain.specs import NodeGroupSpec
 from osas.engine.events import carry_out, log_group_problems, log_problems
 from osas.engine.metrics import EngineMetrics
@@ -367,22 +367,33 @@ class Reconciler:
                 )
             self.status.credentials_refused = str(exc)
 
-    async def _claim(self, records: list[ServerRecord], claimed: dict[str, Server | None]) -> None:
-        """Each record as ours (a Server) or not (None), into ``claimed`` by id, in slices."""
+    async def _claim(
+        self,
+        records: list[ServerRecord],
+        claimed: dict[str, Server | None],
+        warm: list[WarmServer],
+    ) -> None:
+        """Each record as ours (a Server) or not (None), into ``claimed`` by id, in slices; the
+        warm servers among those not ours (none but a node group's pool) into ``warm``."""
         claim, known = self._marks.claim, self._inventory.snapshot.getter()
         async for chunk in _turns(records, _RECORDS_PER_SLICE):
             for record in chunk:
                 server = claim(record, known(record.server_id))
+                if server is None:
+                    waiting = self._marks.warm(record)
+                    if waiting is not None:
+                        warm.append(waiting)
                 # An unchanged server stays the inventory's object, keyed by its own id string:
                 # nothing of the record outlives its page.
                 claimed[record.server_id if server is None else server.server_id] = server
 
     async def _claim_pages(
-        self, pages: AsyncIterator[ServerListing]
+        self, pages: AsyncIterator[ServerListing], warm: list[WarmServer]
     ) -> tuple[dict[str, Server | None], datetime | None]:
         """A listing claimed page by page: only what is ours outlives its page (at 50,000
-        servers the records of a whole listing would hold some 50 MB at once). With Nova's
-        time of its first answer (else the newest ``updated`` it showed)."""
+        servers the records of a whole listing would hold some 50 MB at once), warm servers
+        into ``warm``. With Nova's time of its first answer (else the newest ``updated`` it
+        showed)."""
         claimed: dict[str, Server | None] = {}
         nova_time: datetime | None = None
         newest: datetime | None = None
@@ -394,15 +405,17 @@ class Reconciler:
                 page_newest = newest_update(page)
                 if page_newest is not None and (newest is None or page_newest > newest):
                     newest = page_newest
-            await self._claim(page.records, claimed)
+            await self._claim(page.records, claimed, warm)
         return claimed, nova_time or newest
 
     async def _complete_listing(self, generation: int) -> Orders:
         """Every server carrying the cluster's tag, with its details, settled as a whole."""
         wall_before = self._wall_clock()
         pages = self._cloud.list_server_pages(self._marks.cluster_tag)
-        details, nova_time = await self._claim_pages(pages)
+        warm: list[WarmServer] = []
+        details, nova_time = await self._claim_pages(pages, warm)
         orders = await self._complete(generation, details)
+        self._inventory.warm.replace(warm)
         self._since_for_next(nova_time, wall_before)
         return orders
 
@@ -476,8 +489,16 @@ class Reconciler:
         changed: list[Server] = []
         gone: list[str] = []
         unowned: list[str] = []
+        pool = self._inventory.warm
+        warm: list[WarmServer] = []
+        not_warm: list[str] = []  # claimed, deleted or changed by hand: out of the pool
         for record in listing.records:
             server = self._marks.claim(record)
+            waiting = None if server is not None else self._marks.warm(record)
+            if waiting is not None:
+                warm.append(waiting)
+            elif record.server_id in pool:
+                not_warm.append(record.server_id)
             if server is not None and record.status != "DELETED":
                 changed.append(server)
             elif record.server_id in snapshot or self._ledger.is_marked(record.server_id):
@@ -499,6 +520,7 @@ class Reconciler:
         orders = self._ledger.settle_changes(
             generation, changed, gone, self._clock(), unowned=unowned
         )
+        pool.update(warm, not_warm)
         self._since_for_next(listing.nova_time or newest_update(listing), wall_before)
         return orders
 

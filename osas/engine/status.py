@@ -317,6 +317,12 @@ def _groups(place: PlaceSources, now: float) -> list[dict[str, Any]]:
                 "servers": census.servers(group_id),
                 "creates": census.creates(group_id),
                 "failures": census.failures(group_id),
+                # Servers prepared for the group and waiting to be claimed, by Nova's status:
+                # never in CA's view nor in the counts above.
+                "warm_pool": {
+                    "servers": len(inventory.warm.of_group(group_id)),
+                    "by_status": inventory.warm.census(group_id),
+                },
             }
         )
     return groups

@@ -1,0 +1,135 @@
+"""Warm pools, issue 36: servers prepared for a node group and waiting to be claimed.
+
+osas against the simulated OpenStack over HTTP with unmodified openstacksdk, on a real gRPC
+server on 127.0.0.1. A warm server carries this cluster's marks, its group's and the warm mark
+(``osas-warm``): until it is claimed (the mark taken off) it is no node of the group, so it is
+never in TargetSize, NodeGroupNodes or NodeGroupForNode, never counted as an error, orphan or
+stray, never deleted as one; /status and the metrics show each group's pool apart.
+"""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from support import (
+    CLUSTER,
+    TAG,
+    Provider,
+    big_config,
+    ca_client,
+    cloud_for,
+    expect_status,
+    seed_ours,
+)
+
+from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST, META_WARM
+from osas.sim import SimulatedOpenStack
+from osas.sim.model import FakeNova, FakeServer
+
+
+def seed_warm(nova: FakeNova, count: int, *, status: str = "SHUTOFF") -> list[FakeServer]:
+    """Servers prepared for group "big" and waiting in its pool."""
+    return [
+        nova.seed(
+            name=f"{CLUSTER}-big-warm-{index}",
+            metadata={
+                META_CLUSTER: CLUSTER,
+                META_GROUP: "big",
+                META_REQUEST: f"{index:032x}",
+                META_WARM: "prepared-from-1",
+            },
+            tags=[TAG],
+            status=status,
+        )
+        for index in range(count)
+    ]
+
+
+@pytest.fixture
+async def served(tmp_path):
+    with SimulatedOpenStack(FakeNova(build_seconds=0.05)) as sim:
+        provider = Provider(big_config(tmp_path), cloud_for(sim))
+        await provider.start()
+        try:
+            async with ca_client(provider.address) as ca:
+                yield sim, provider, ca
+        finally:
+            await provider.stop()
+
+
+async def test_warm_servers_are_never_in_cas_view_nor_counted_nor_touched(served):
+    """Invariant: no warm server visible to CA, none counted, none touched."""
+    sim, provider, ca = served
+    running = seed_ours(sim.nova, 2, group="big")
+    warm = seed_warm(sim.nova, 2) + seed_warm(sim.nova, 1, status="SHELVED_OFFLOADED")
+    for full in (True, False, True):
+        await provider.sync(full=full)
+        assert await ca.target_size("big") == 2
+        assert sorted(i.id for i in await ca.nodes("big")) == sorted(
+            f"openstack:///{server_id}" for server_id in running
+        )
+        for server in warm:
+            assert (await ca.group_for_node("n", f"openstack:///{server.server_id}")).id == ""
+            assert (await ca.group_for_node(server.name, "")).id == ""
+    # CA cannot name one to delete: it is no node of the group.
+    details = await expect_status(
+        grpc.StatusCode.NOT_FOUND,
+        ca.delete("big", [("n", f"openstack:///{warm[0].server_id}")]),
+    )
+    assert warm[0].server_id in details
+    status = provider.app.status()
+    (group,) = status["groups"]
+    assert group["warm_pool"] == {
+        "servers": 3,
+        "by_status": {"SHUTOFF": 2, "SHELVED_OFFLOADED": 1},
+    }
+    assert sum(group["servers"].values()) == 2
+    assert status["problems"] == dict.fromkeys(status["problems"], 0)
+    registry = provider.app.registry
+    metric = "osas_warm_pool_servers"
+    assert registry.get_sample_value(metric, {"group": "big", "status": "SHUTOFF"}) == 2
+    live = {s.server_id for s in sim.nova.live_servers()}
+    assert {s.server_id for s in warm} <= live
+    assert not sim.nova.deletes_asked
+    assert sim.calls["compute.servers.metadata.set"] == 0
+
+
+async def test_a_claimed_server_leaves_the_pool_and_becomes_a_node_of_its_group(served):
+    """The warm mark taken off (as a claim does, with the whole metadata replaced: Nova bumps
+    ``updated``) at once makes the server the group's in the next incremental listing; a warm
+    server deleted by hand leaves the pool."""
+    sim, provider, ca = served
+    claimed, deleted, kept = seed_warm(sim.nova, 3)
+    await provider.sync()
+    assert provider.app.status()["groups"][0]["warm_pool"]["servers"] == 3
+    marks = {key: value for key, value in claimed.metadata.items() if key != META_WARM}
+    sim.nova.set_metadata(claimed.server_id, marks, replace=True)
+    sim.nova.delete_server(deleted.server_id)
+    await provider.sync(full=False)
+    assert await ca.target_size("big") == 1
+    assert [i.id for i in await ca.nodes("big")] == [f"openstack:///{claimed.server_id}"]
+    pool = provider.app.inventory.warm
+    assert [s.server_id for s in pool.of_group("big")] == [kept.server_id]
+    await provider.sync(full=True)  # the complete listing agrees
+    assert [s.server_id for s in pool.of_group("big")] == [kept.server_id]
+    assert await ca.target_size("big") == 1
+
+
+async def test_a_look_alike_warm_server_of_another_cluster_is_no_ones(served):
+    sim, provider, _ = served
+    other = sim.nova.seed(
+        name="other-big-warm",
+        metadata={META_CLUSTER: "other", META_GROUP: "big", META_WARM: "x"},
+        tags=[TAG],
+        status="SHUTOFF",
+    )
+    untagged = sim.nova.seed(
+        name=f"{CLUSTER}-big-untagged",
+        metadata={META_CLUSTER: CLUSTER, META_GROUP: "big", META_WARM: "x"},
+        status="SHUTOFF",
+    )
+    await provider.sync()
+    await provider.sync(full=False)
+    assert len(provider.app.inventory.warm) == 0
+    live = {s.server_id for s in sim.nova.live_servers()}
+    assert {other.server_id, untagged.server_id} <= live
