@@ -3,7 +3,11 @@ servers, logging every request with the bytes of its answer.
 
 ``python -m osas.bench.cloud --servers N --groups G --cluster NAME --others M`` prints one
 JSON line (``auth_url``) once it serves, and stops when its standard input closes. ``--others``
-adds M servers of another cluster to the project (what else a project holds). Besides the
+adds M servers of another cluster to the project (what else a project holds). ``--region NAME
+SERVERS GROUPS`` (repeatable) adds a region behind the same Keystone (``RegionOne`` is the
+first, seeded by ``--servers``), its own Nova seeded with SERVERS of the cluster's servers over
+GROUPS node groups named ``<name in lower case>-g<i>`` (``g<i>`` in the first); its control
+API is under ``/regions/<name>/_sim/``. Besides the
 simulator's own API it answers ``GET /_bench/log?since=I`` (requests from index I: start and
 end time, method, target, status, bytes), ``GET /_bench/creates`` (the most creates it had in
 hand at once), ``GET /_bench/count?group=G`` (live servers of a group) and
@@ -102,9 +106,11 @@ class MeteredOpenStack(SimulatedOpenStack):
             time.sleep(60.0 / self._churn)
 
 
-def seed(nova: FakeNova, cluster: str, servers: int, groups: int, others: int) -> list[str]:
-    """Servers an earlier osas made an hour ago, spread over the groups, and ``others`` of
-    another cluster made then too: an idle project. The others' ids."""
+def seed(
+    nova: FakeNova, cluster: str, servers: int, groups: int, others: int, prefix: str = "g"
+) -> list[str]:
+    """Servers an earlier osas made an hour ago, spread over the groups (``<prefix><i>``), and
+    ``others`` of another cluster made then too: an idle project. The others' ids."""
     marks = OwnershipMarks(cluster)
     nova.clock = lambda: datetime.now(UTC) - timedelta(hours=1)
     other_ids = [
@@ -112,7 +118,7 @@ def seed(nova: FakeNova, cluster: str, servers: int, groups: int, others: int) -
         for index in range(others)
     ]
     for index in range(servers):
-        group = f"g{index % groups}"
+        group = f"{prefix}{index % groups}"
         request_id = uuid.uuid4().hex
         nova.seed(
             name=f"{cluster}-{group}-{request_id[:10]}",
@@ -123,17 +129,33 @@ def seed(nova: FakeNova, cluster: str, servers: int, groups: int, others: int) -
     return other_ids
 
 
+def region_groups(region: str) -> str:
+    """The prefix of the node groups seeded in a region other than the first."""
+    return f"{region.lower()}-g"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--servers", type=int, default=0)
     parser.add_argument("--groups", type=int, default=1)
     parser.add_argument("--cluster", default="bench")
     parser.add_argument("--others", type=int, default=0)
+    parser.add_argument(
+        "--region",
+        nargs=3,
+        action="append",
+        default=[],
+        metavar=("NAME", "SERVERS", "GROUPS"),
+        help="another region, seeded with SERVERS of the cluster's servers over GROUPS groups",
+    )
     args = parser.parse_args(argv)
     nova = FakeNova()
     others = seed(nova, args.cluster, args.servers, max(1, args.groups), args.others)
     simulator = MeteredOpenStack(nova)
     simulator.others = others
+    for name, servers, groups in args.region:
+        region = simulator.add_region(name)
+        seed(region.nova, args.cluster, int(servers), max(1, int(groups)), 0, region_groups(name))
     with simulator:
         info: dict[str, Any] = {"auth_url": simulator.auth_url, "base_url": simulator.base_url}
         sys.stdout.write(json.dumps(info) + "\n")

@@ -76,6 +76,11 @@ def _row(figure: Figure, suffix: str = "") -> str:
     )
 
 
+def figure_row(figure: Figure, suffix: str = "") -> str:
+    """One figure as a row of ``HEADER``'s table, for a measure that writes its own section."""
+    return _row(figure, suffix)
+
+
 HOW = """\
 Everything runs on 127.0.0.1 as separate processes: the simulated OpenStack seeded with the
 cluster's servers (`osas.bench.cloud`), `osas serve` against it with mTLS at its default

@@ -14,8 +14,9 @@ complete listings, Nova traffic, memory). Last, 100 creates at the default setti
 a warm standby takes to become the writer under a Kubernetes Lease (``osas.bench.takeover``), a
 burst of 1,000 creates against a cloud that allows 5 a second (``osas.bench.burst``), CA's loop
 by the server's CPU at 1k / 5k / 10k nodes (1k / 5k quick; ``osas.bench.caloop``, kept as the
-run labelled ``latest`` beside earlier labelled runs) and the start-up of ``osas serve``
-(``osas.bench.startup``).
+run labelled ``latest`` beside earlier labelled runs), CA's loop for a healthy place's groups
+while another place is unreachable or holds 50,000 servers (10,000 quick), and memory per place
+(``osas.bench.places``), and the start-up of ``osas serve`` (``osas.bench.startup``).
 
 The measures are built on the benchmark's kit (``processes``: what they start; ``client``: CA's
 side) and hand their figures (``results``) to the report (``report``); none of those imports
@@ -47,6 +48,12 @@ from osas.bench.caloop import Plan as CaLoopPlan
 from osas.bench.caloop import measure_caloop
 from osas.bench.client import Call, Client, Timed, for_node, nodes, options, target_size, template
 from osas.bench.memlimit import MemoryLimit, drop_page_cache
+from osas.bench.places import BEGIN as PLACES_BEGIN
+from osas.bench.places import END as PLACES_END
+from osas.bench.places import QUICK as PLACES_QUICK
+from osas.bench.places import Plan as PlacesPlan
+from osas.bench.places import measure_places
+from osas.bench.places import section as places_section
 from osas.bench.processes import (
     CLUSTER,
     GROUP_SIZE,
@@ -101,14 +108,43 @@ class Plan:
     takeover_rounds: int  # a kill and a clean stop each (osas.bench.takeover)
     burst_rounds: int  # a burst against a rate-limited cloud each (osas.bench.burst)
     ca_loop: CaLoopPlan  # CA's loop by the server's CPU (osas.bench.caloop)
+    places: PlacesPlan  # node groups in several places (osas.bench.places)
 
 
 # CA's loop: at 1k / 5k / 10k nodes in full (caloop's defaults), 1k / 5k quick.
 FULL = Plan(
-    (1_000, 10_000, 50_000), 5, 2_000, 300, 20, 12.0, 125.0, 500, 3, 45.0, 500, 3, 1, CaLoopPlan()
+    (1_000, 10_000, 50_000),
+    5,
+    2_000,
+    300,
+    20,
+    12.0,
+    125.0,
+    500,
+    3,
+    45.0,
+    500,
+    3,
+    1,
+    CaLoopPlan(),
+    PlacesPlan(),
 )
 QUICK = Plan(
-    (1_000, 5_000), 2, 500, 100, 10, 11.0, 25.0, 200, 2, 25.0, 200, 2, 1, CaLoopPlan((1_000, 5_000))
+    (1_000, 5_000),
+    2,
+    500,
+    100,
+    10,
+    11.0,
+    25.0,
+    200,
+    2,
+    25.0,
+    200,
+    2,
+    1,
+    CaLoopPlan((1_000, 5_000)),
+    PLACES_QUICK,
 )
 # What else the project holds besides the cluster's servers: as many servers of another
 # cluster, 1% of which change every minute in the churn phase.
@@ -689,6 +725,7 @@ async def run(
     sizes_only: bool = False,
     ca_loop_only: bool = False,
     ca_loop_label: str = CA_LOOP_LABEL,
+    places_only: bool = False,
 ) -> None:
     with tempfile.TemporaryDirectory(prefix="osas-bench-") as temporary:
         folder = Path(temporary)
@@ -705,6 +742,10 @@ async def run(
             save_run(out, await measure_caloop(plan.ca_loop, tls, folder, ca_loop_label))
             replace_caloop_section(out, load_runs(out))
             return
+        if places_only:
+            places = await measure_places(plan.places, tls, folder)
+            replace_marked_section(out, PLACES_BEGIN, PLACES_END, places_section(places, machine()))
+            return
         results = [await measure_size(plan, size, tls, folder) for size in plan.sizes]
         if sizes_only:
             replace_size_sections(out, results, machine())
@@ -714,6 +755,7 @@ async def run(
         promises = await measure_promises(tls, folder)
         burst = await measure_burst(plan.burst_rounds, tls, folder)
         save_run(out, await measure_caloop(plan.ca_loop, tls, folder, ca_loop_label))
+        places = await measure_places(plan.places, tls, folder)
         startup = await measure_startup(plan.rounds, tls, folder, compare_with)
     write_report(
         out,
@@ -727,6 +769,7 @@ async def run(
         load_runs(out),
     )
     replace_marked_section(out, PROMISES_BEGIN, PROMISES_END, promises)
+    replace_marked_section(out, PLACES_BEGIN, PLACES_END, places_section(places, machine()))
 
 
 def run_benchmark(
@@ -741,12 +784,15 @@ def run_benchmark(
     sizes_only: bool = False,
     ca_loop_only: bool = False,
     ca_loop_label: str = CA_LOOP_LABEL,
+    places_only: bool = False,
 ) -> int:
     """``osas bench``: the plan, with the sizes and rounds asked for, and the report written
     (``start_up_only``, ``takeover_only``, ``ca_loop_only``: only that section of it;
     ``sizes_only``: only the sections per number of servers and their rows among the targets;
-    ``rounds`` then being that measure's rounds, and with ``ca_loop_only`` ``sizes`` its node
-    counts). The CA loop's run is kept next to the report under ``ca_loop_label``, which
+    ``places_only``: only the section on node groups in several places; ``rounds`` then being
+    that measure's rounds, with ``ca_loop_only`` ``sizes`` its node counts, and with
+    ``places_only`` ``sizes`` the servers of the place beside the healthy one, its first).
+    The CA loop's run is kept next to the report under ``ca_loop_label``, which
     replaces an earlier run of that label alone."""
     if ca_loop_only:
         ca_loop = plan.ca_loop
@@ -755,6 +801,13 @@ def run_benchmark(
         if rounds:
             ca_loop = dataclasses.replace(ca_loop, rounds=rounds)
         plan = dataclasses.replace(plan, ca_loop=ca_loop)
+    elif places_only:
+        places = plan.places
+        if sizes:
+            places = dataclasses.replace(places, big=sizes[0])
+        if rounds:
+            places = dataclasses.replace(places, rounds=rounds)
+        plan = dataclasses.replace(plan, places=places)
     else:
         if sizes:
             plan = dataclasses.replace(plan, sizes=sizes)
@@ -772,6 +825,7 @@ def run_benchmark(
             sizes_only=sizes_only,
             ca_loop_only=ca_loop_only,
             ca_loop_label=ca_loop_label,
+            places_only=places_only,
         )
     )
     print(f"written: {out}")  # noqa: T201

@@ -42,5 +42,6 @@ def run(args: argparse.Namespace) -> int:
         start_up_only=args.start_up_only,
         sizes_only=args.sizes_only,
         ca_loop_only=args.ca_loop_only,
+        places_only=args.places_only,
         ca_loop_label=args.label,
     )

@@ -300,6 +300,14 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--label's run and rewrite only that section of --out",
     )
     bench.add_argument(
+        "--places-only",
+        action="store_true",
+        help="measure only CA's loop for a healthy place's groups beside a place that is "
+        "unreachable or holds many servers, and memory per place (--sizes: the servers of "
+        "that place, default 50000, --quick 10000; --rounds: its cycles, default 10, --quick "
+        "6), and rewrite only that section of --out",
+    )
+    bench.add_argument(
         "--label",
         type=arguments.label,
         default="latest",
