@@ -1547,6 +1547,9 @@ def test_in_doubt_create_settles_when_a_listing_shows_its_server():
     listed = server(status="BUILD", request_id=request_id)
     orders = changes(inv, [listed], now=NOW + 10)
     assert orders.count(EventKind.CREATE_SETTLED) == 1
+    # Nova never answered with the server: the event names the one the listing showed.
+    (settled,) = [e for e in orders.events if e.kind is EventKind.CREATE_SETTLED]
+    assert settled.server_id == listed.server_id
     assert orders.count(EventKind.STRAY_ADOPTED) == 0
     assert orders.deletes == ()
     assert inv.ledger.create(request_id) is None

@@ -1045,11 +1045,15 @@ class Ledger:
     def _settle_create(self, create: Create, orders: _Draft) -> None:
         self._forget_create(create)
         self._own.add(create.request_id)
+        server_id = create.server_id
+        if server_id is None:  # in doubt, Nova's answer lost: the server a listing showed
+            listed = self._snapshot.of_request(create.request_id)
+            server_id = listed[0].server_id if listed else None
         orders.event(
             EventKind.CREATE_SETTLED,
             create.group_id,
             request_id=create.request_id,
-            server_id=create.server_id,
+            server_id=server_id,
         )
 
     def _fail(
