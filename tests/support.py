@@ -27,7 +27,7 @@ import yaml
 from fake_cloud import FakeCloud
 from prometheus_client import CollectorRegistry
 
-from osas.app import App
+from osas.app import App, PlaceEngine, openstack_clouds
 from osas.cloud.openstack import OpenStackCloud
 from osas.cloud.openstack_settings import OpenStackAuth, OpenStackSettings
 from osas.cloud.port import Cloud
@@ -37,6 +37,7 @@ from osas.domain.limits import NodeInfo
 from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST, TAG_CLUSTER_PREFIX
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.sim import DEFAULT_PASSWORD, SimulatedOpenStack
+from osas.sim.kubernetes import KubeStandIn
 from osas.sim.model import FakeNova, FakeServer
 from osas.sim.server import APP_CREDENTIAL_ID, APP_CREDENTIAL_SECRET, CLOUD_NAME
 
@@ -117,6 +118,67 @@ def wait_for(what: str, check: Any, timeout: float = 60.0) -> Any:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.1)
     return result
+
+
+# Replicas of osas under one Lease, as the chart runs them (two pods, one writer), on the
+# Kubernetes API stand-in: short lease times so that a failover takes seconds.
+NAMESPACE = "kube-system"
+SERVICE = "osas"
+LEASE_DURATION = 2.0
+RENEW_DEADLINE = 1.2
+RETRY_PERIOD = 0.2
+
+
+def replica_election(kubeconfig: Path) -> dict[str, Any]:
+    """The ``leader_election`` block of a replica: the Lease and CA's Service on the stand-in."""
+    return {
+        "enabled": True,
+        "kubeconfig": str(kubeconfig),
+        "lease_namespace": NAMESPACE,
+        "lease_duration": f"{LEASE_DURATION}s",
+        "renew_deadline": f"{RENEW_DEADLINE}s",
+        "retry_period": f"{RETRY_PERIOD}s",
+        "service_name": SERVICE,
+    }
+
+
+def pod_env(name: str) -> dict[str, str]:
+    """The environment the chart's pod gives a replica: its name, namespace and address."""
+    return {**os.environ, "POD_NAME": name, "POD_NAMESPACE": NAMESPACE, "POD_IP": "127.0.0.1"}
+
+
+def service_address(kube: KubeStandIn) -> str | None:
+    """Where kube-proxy sends a new connection to CA's Service now."""
+    found = kube.service_endpoint(NAMESPACE, SERVICE)
+    return None if found is None else f"{found[0]}:{found[1]}"
+
+
+async def until_through(
+    where: Callable[[], str | None],
+    step: Callable[[CaClient], Awaitable[bool]],
+    *,
+    timeout: float,
+) -> bool:
+    """Run CA's ``step`` until it says done, its connection made where ``where`` says now (CA's
+    Service: a new one after the old breaks, as gRPC reconnects, UNAVAILABLE from an old
+    holder gone or a standby reached before the endpoint moved). False when time ran out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        address = where()
+        if address is None:
+            await asyncio.sleep(0.1)
+            continue
+        try:
+            async with ca_client(address) as ca:
+                while time.monotonic() < deadline:
+                    if await step(ca):
+                        return True
+                    await asyncio.sleep(0.2)
+        except grpc.aio.AioRpcError as error:
+            if error.code() is not grpc.StatusCode.UNAVAILABLE:
+                raise
+            await asyncio.sleep(0.2)
+    return False
 
 
 def free_port() -> int:
@@ -249,6 +311,28 @@ class Provider:
 
 
 @contextlib.asynccontextmanager
+async def serving_places(
+    config: OsasConfig, *, config_path: Path | None = None, timeout: float = 10.0
+) -> AsyncIterator[tuple[Provider, CaClient]]:
+    """osas as ``osas serve`` runs it, a cloud adapter for each place its node groups live in
+    (counted in one registry), SERVING within ``timeout``; and CA's client to it."""
+    clouds = openstack_clouds(config, CollectorRegistry())
+    provider = Provider(config, clouds, config_path=config_path)  # type: ignore[arg-type]
+    await provider.start(wait_serving=False)
+    await provider.wait_serving(timeout=timeout)
+    try:
+        async with ca_client(provider.address) as ca:
+            yield provider, ca
+    finally:
+        await provider.stop()
+
+
+def engine_of(provider: Provider, region: str) -> PlaceEngine:
+    """The engine of the place in ``region``."""
+    return next(engine for engine in provider.app.places if engine.place.region == region)
+
+
+@contextlib.asynccontextmanager
 async def running(config: OsasConfig, cloud: FakeCloud | None = None) -> AsyncIterator[Provider]:
     provider = Provider(config, cloud or FakeCloud(FakeNova()))
     await provider.start()
@@ -346,6 +430,17 @@ BIG = {
     "image": "ubuntu-24.04",
     "networks": ["cluster-net"],
 }
+
+
+def sim_group(group_id: str, max_size: int, *, region_name: str | None = None) -> dict[str, Any]:
+    """A node group of the simulator's flavor, image and network, from 0 to ``max_size``; in
+    the region named, when not the top-level openstack block's."""
+    block: dict[str, Any] = {**BIG, "id": group_id, "max_size": max_size}
+    if region_name is not None:
+        block["openstack"] = {"region_name": region_name}
+    return block
+
+
 # Short, so that creates left in doubt by injected faults are given up within a test.
 API_TIMEOUT = 2.0
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import io
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -21,10 +20,16 @@ import grpc
 import pytest
 import yaml
 from fake_cloud import FakeCloud
-from prometheus_client import CollectorRegistry
-from support import Provider, ca_client, config_data, eventually, write_config
+from support import (
+    Provider,
+    config_data,
+    engine_of,
+    eventually,
+    serving_places,
+    write_config,
+)
 
-from osas.app import App, PlaceEngine, openstack_cloud, openstack_clouds
+from osas.app import App, openstack_cloud
 from osas.check import EXIT_CLOUD, EXIT_FAILED, EXIT_OK, Report, check_config
 from osas.cli.status_table import render_status
 from osas.config import ConfigError, load_config, places_of
@@ -213,21 +218,8 @@ def two_region_config(tmp_path: Path, private: SimulatedOpenStack, **reconcile: 
     return write_config(tmp_path, data)
 
 
-@contextlib.asynccontextmanager
-async def serving(path: Path) -> AsyncIterator[tuple[Provider, CaClient]]:
-    config = load_config(path)
-    clouds = openstack_clouds(config, CollectorRegistry())
-    provider = Provider(config, clouds, config_path=path)  # type: ignore[arg-type]
-    await provider.start()
-    try:
-        async with ca_client(provider.address) as ca:
-            yield provider, ca
-    finally:
-        await provider.stop()
-
-
-def engine_of(provider: Provider, region: str) -> PlaceEngine:
-    return next(engine for engine in provider.app.places if engine.place.region == region)
+def serving(path: Path) -> contextlib.AbstractAsyncContextManager[tuple[Provider, CaClient]]:
+    return serving_places(load_config(path), config_path=path)
 
 
 async def scale_in_both(provider: Provider, ca: CaClient, private, south) -> None:

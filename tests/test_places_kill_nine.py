@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import threading
 import time
 from collections import Counter
@@ -33,6 +32,7 @@ import grpc
 import pytest
 from support import (
     CLUSTER,
+    LEASE_DURATION,
     TAG,
     ServedOsas,
     ca_client,
@@ -41,6 +41,11 @@ from support import (
     expect_status,
     free_port,
     kept,
+    pod_env,
+    replica_election,
+    service_address,
+    sim_group,
+    until_through,
     write_config,
 )
 
@@ -62,11 +67,6 @@ pytestmark = pytest.mark.long
 # Where each group lives: "north" in the cloud's first region (the top-level openstack block),
 # "south" in the second (its own openstack block names the region).
 REGION = {"north": "RegionOne", "south": "RegionTwo"}
-NAMESPACE = "kube-system"
-SERVICE = "osas"
-LEASE_DURATION = 2.0
-RENEW_DEADLINE = 1.2
-RETRY_PERIOD = 0.2
 
 
 # -- the cloud, the configuration, the replicas ------------------------------------------------
@@ -85,17 +85,8 @@ def two_regions() -> Any:
 
 
 def group(group_id: str, max_size: int) -> dict[str, Any]:
-    block: dict[str, Any] = {
-        "id": group_id,
-        "min_size": 0,
-        "max_size": max_size,
-        "flavor": "m1.small",
-        "image": "ubuntu-24.04",
-        "networks": ["cluster-net"],
-    }
-    if group_id == "south":
-        block["openstack"] = {"region_name": REGION["south"]}
-    return block
+    south = REGION[group_id] if group_id == "south" else None
+    return sim_group(group_id, max_size, region_name=south)
 
 
 def places_config(
@@ -151,24 +142,9 @@ def replica(
         maxima,
         window=window,
         listen=f"127.0.0.1:{free_port()}",
-        leader_election={
-            "enabled": True,
-            "kubeconfig": str(kubeconfig),
-            "lease_namespace": NAMESPACE,
-            "lease_duration": f"{LEASE_DURATION}s",
-            "renew_deadline": f"{RENEW_DEADLINE}s",
-            "retry_period": f"{RETRY_PERIOD}s",
-            "service_name": SERVICE,
-        },
+        leader_election=replica_election(kubeconfig),
     )
-    env = {**os.environ, "POD_NAME": name, "POD_NAMESPACE": NAMESPACE, "POD_IP": "127.0.0.1"}
-    return path, env
-
-
-def service(kube: KubeStandIn) -> str | None:
-    """Where kube-proxy sends a new connection to CA's Service now."""
-    found = kube.service_endpoint(NAMESPACE, SERVICE)
-    return None if found is None else f"{found[0]}:{found[1]}"
+    return path, pod_env(name)
 
 
 # -- what Nova holds ----------------------------------------------------------------------------
@@ -314,23 +290,12 @@ async def ca_loop(
     delete the instances that carry error info, ask for what is missing within the max size
     it is told, until each region holds ``want`` of its group and the targets agree. Every
     (group, max size, target) it was told goes to ``told``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        address = where()
-        if address is None:
-            await asyncio.sleep(0.1)
-            continue
-        try:
-            async with ca_client(address) as ca:
-                while time.monotonic() < deadline:
-                    if await _ca_step(ca, regions, want, told):
-                        return
-                    await asyncio.sleep(0.2)
-        except grpc.aio.AioRpcError as error:
-            # The old holder gone, or a standby reached before the endpoint moved.
-            if error.code() is not grpc.StatusCode.UNAVAILABLE:
-                raise
-            await asyncio.sleep(0.2)
+
+    async def step(ca: CaClient) -> bool:
+        return await _ca_step(ca, regions, want, told)
+
+    if await until_through(where, step, timeout=timeout):
+        return
     held = {g: len(ours(region, g)) for g, region in regions.items()}
     raise AssertionError(f"not converged on {want}: Nova holds {held}")
 
@@ -424,15 +389,24 @@ def first_listings(osas: ServedOsas) -> list[int]:
 
 
 async def holder_and_standby(
-    stack: contextlib.ExitStack, kube: KubeStandIn, configs: list, window: float
+    stack: contextlib.ExitStack,
+    tmp_path: Path,
+    kube: KubeStandIn,
+    sim: SimulatedOpenStack,
+    maxima: dict[str, int],
+    *,
+    window: float,
 ) -> tuple[ServedOsas, ServedOsas]:
     """Two replicas under one Lease: the first holds it and owns CA's endpoint, the second
     stands by; each has listed both places."""
+    configs = [
+        replica(tmp_path, kube, sim, name, maxima, window=window) for name in ("osas-a", "osas-b")
+    ]
     first = stack.enter_context(ServedOsas(*configs[0]))
     first.wait_for("health SERVING", timeout=window + 20)
     second = stack.enter_context(ServedOsas(*configs[1]))
     second.wait_for("another osas holds the lease; standing by")
-    await eventually(lambda: service(kube) == first.address, what="endpoint")
+    await eventually(lambda: service_address(kube) == first.address, what="endpoint")
     for served in (first, second):  # both places listed by each
         first_listings(served)
     return first, second
@@ -519,14 +493,12 @@ async def test_the_standby_keeps_the_killed_holders_promises_in_both_regions(tmp
     with KubeStandIn() as kube, two_regions() as (sim, regions):
         earlier = {g: seed_ours(regions[g], g, 2) for g in regions}
         look_alikes = seed_look_alikes(regions)
-        configs = [
-            replica(tmp_path, kube, sim, name, maxima, window=window)
-            for name in ("osas-a", "osas-b")
-        ]
         watch = PlacesWatch(regions)
         try:
             with contextlib.ExitStack() as stack:
-                first, second = await holder_and_standby(stack, kube, configs, window)
+                first, second = await holder_and_standby(
+                    stack, tmp_path, kube, sim, maxima, window=window
+                )
                 for region in regions.values():
                     region.nova.faults.create_stall = stall
                 async with ca_client(first.address) as ca:
@@ -549,13 +521,21 @@ async def test_the_standby_keeps_the_killed_holders_promises_in_both_regions(tmp
                 assert all(len(ours(regions[g], g)) == 2 for g in regions)  # nothing done yet
                 second.wait_for("became the leader", timeout=LEASE_DURATION + 10)
                 second.wait_for("health SERVING")
-                await eventually(lambda: service(kube) == second.address, what="endpoint moved")
+                await eventually(
+                    lambda: service_address(kube) == second.address, what="endpoint moved"
+                )
                 async with ca_client(second.address) as ca:
                     # The promises counted at once, in each group: the targets CA expects.
                     assert {g: await ca.target_size(g) for g in regions} == want
                 told: list[tuple[str, int, int]] = []
                 await converge(
-                    lambda: service(kube), regions, want, watch, maxima, timeout=20, told=told
+                    lambda: service_address(kube),
+                    regions,
+                    want,
+                    watch,
+                    maxima,
+                    timeout=20,
+                    told=told,
                 )
                 assert second.stop() == 0
         finally:
@@ -610,14 +590,12 @@ async def test_after_a_takeover_each_region_settles_its_own_doubt(tmp_path):
     window = 4.0
     with KubeStandIn() as kube, two_regions() as (sim, regions):
         look_alikes = seed_look_alikes(regions)
-        configs = [
-            replica(tmp_path, kube, sim, name, maxima, window=window)
-            for name in ("osas-a", "osas-b")
-        ]
         watch = PlacesWatch(regions)
         try:
             with contextlib.ExitStack() as stack:
-                first, second = await holder_and_standby(stack, kube, configs, window)
+                first, second = await holder_and_standby(
+                    stack, tmp_path, kube, sim, maxima, window=window
+                )
                 for region in regions.values():
                     region.nova.faults.error_rate = 1.0
                 async with ca_client(first.address) as ca:

@@ -37,6 +37,7 @@ from support import (
     config_data,
     kept,
     rotate_application_credential,
+    sim_group,
     write_clouds_yaml,
     write_config,
 )
@@ -58,17 +59,8 @@ CONVERGE_SECONDS = 40
 
 
 def group(group_id: str) -> dict:
-    block = {
-        "id": group_id,
-        "min_size": 0,
-        "max_size": MAX_SIZE[group_id],
-        "flavor": "m1.small",
-        "image": "ubuntu-24.04",
-        "networks": ["cluster-net"],
-    }
-    if group_id == "south":
-        block["openstack"] = {"region_name": REGION["south"]}
-    return block
+    south = REGION[group_id] if group_id == "south" else None
+    return sim_group(group_id, MAX_SIZE[group_id], region_name=south)
 
 
 def nova(build: float = 0.05) -> FakeNova:

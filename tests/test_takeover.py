@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import threading
 import time
 import urllib.request
@@ -25,6 +24,10 @@ import pytest
 from fake_cloud import FakeCloud
 from support import (
     CLUSTER,
+    LEASE_DURATION,
+    NAMESPACE,
+    RENEW_DEADLINE,
+    RETRY_PERIOD,
     NovaWatch,
     ServedOsas,
     ca_client,
@@ -35,10 +38,15 @@ from support import (
     increase_once_allowed,
     kept,
     make_config,
+    pod_env,
+    replica_election,
     running,
+    service_address,
+    until_through,
     write_config,
 )
 
+from osas.demo.client import CaClient
 from osas.domain.promises import RECORD_CAPACITY
 from osas.domain.servers import META_CLUSTER, META_GROUP, TAG_CLUSTER_PREFIX
 from osas.election.port import lease_name_for
@@ -46,11 +54,6 @@ from osas.sim import SimulatedOpenStack
 from osas.sim.kubernetes import KubeStandIn
 from osas.sim.model import FakeNova
 
-NAMESPACE = "kube-system"
-SERVICE = "osas"
-LEASE_DURATION = 2.0
-RENEW_DEADLINE = 1.2
-RETRY_PERIOD = 0.2
 WINDOW = 3.0  # create_doubt_window: longer than api_timeout and Nova's stall below
 
 
@@ -98,26 +101,11 @@ def replica(
             "create_doubt_window": f"{window}s",
             "delete_retry_after": "1s",
         },
-        leader_election={
-            "enabled": True,
-            "kubeconfig": str(kubeconfig),
-            "lease_namespace": NAMESPACE,
-            "lease_duration": f"{LEASE_DURATION}s",
-            "renew_deadline": f"{RENEW_DEADLINE}s",
-            "retry_period": f"{RETRY_PERIOD}s",
-            "service_name": SERVICE,
-        },
+        leader_election=replica_election(kubeconfig),
         **more,
     )
     path = write_config(tmp_path, data, name=f"{name}.yaml")
-    env = {**os.environ, "POD_NAME": name, "POD_NAMESPACE": NAMESPACE, "POD_IP": "127.0.0.1"}
-    return path, env
-
-
-def service(kube: KubeStandIn) -> str | None:
-    """Where kube-proxy sends a new connection to CA's Service now."""
-    found = kube.service_endpoint(NAMESPACE, SERVICE)
-    return None if found is None else f"{found[0]}:{found[1]}"
+    return path, pod_env(name)
 
 
 def live(sim: SimulatedOpenStack) -> list:
@@ -132,30 +120,18 @@ async def ca_through_the_service(kube: KubeStandIn, sim: SimulatedOpenStack, wan
     """CA's loop, its connection made through the Service (a new one after the old breaks,
     as gRPC reconnects): Refresh, ask for what is missing within the max it is told, until
     Nova holds ``want`` servers and the target agrees."""
-    deadline = time.monotonic() + 40
-    while time.monotonic() < deadline:
-        address = service(kube)
-        if address is None:
-            await asyncio.sleep(0.1)
-            continue
-        try:
-            async with ca_client(address) as ca:
-                while time.monotonic() < deadline:
-                    await ca.refresh()
-                    (found,) = await ca.node_groups()
-                    target = await ca.target_size("big")
-                    if target < min(want, found.maxSize):
-                        await ca.increase("big", min(want, found.maxSize) - target)
-                    done = len(kept(await ca.nodes("big"))) == want == len(live(sim))
-                    if target == want and done:
-                        return
-                    await asyncio.sleep(0.2)
-        except grpc.aio.AioRpcError as error:
-            # The old leader gone, or a standby reached before the endpoint moved.
-            if error.code() is not grpc.StatusCode.UNAVAILABLE:
-                raise
-            await asyncio.sleep(0.2)
-    raise AssertionError(f"not converged: Nova has {len(live(sim))}")
+
+    async def step(ca: CaClient) -> bool:
+        await ca.refresh()
+        (found,) = await ca.node_groups()
+        target = await ca.target_size("big")
+        if target < min(want, found.maxSize):
+            await ca.increase("big", min(want, found.maxSize) - target)
+        done = len(kept(await ca.nodes("big"))) == want == len(live(sim))
+        return target == want and done
+
+    if not await until_through(lambda: service_address(kube), step, timeout=40):
+        raise AssertionError(f"not converged: Nova has {len(live(sim))}")
 
 
 @pytest.mark.long
@@ -171,12 +147,12 @@ async def test_a_second_osas_stands_by_and_writes_nothing(tmp_path):
         try:
             with ServedOsas(first_config, first_env) as first:
                 first.wait_for("health SERVING", timeout=WINDOW + 20)
-                await eventually(lambda: service(kube) == first.address, what="endpoint")
+                await eventually(lambda: service_address(kube) == first.address, what="endpoint")
                 with ServedOsas(second_config, second_env) as second:
                     second.wait_for("another osas holds the lease; standing by")
                     # CA asks the holder for 4 more; Nova keeps them in its API a while.
                     sim.nova.faults.create_stall = 1.5
-                    async with ca_client(service(kube) or "") as ca:
+                    async with ca_client(service_address(kube) or "") as ca:
                         await increase_once_allowed(ca, "big", 8, WINDOW + 10)
                     await eventually(
                         lambda: sim.calls["compute.servers.create"] == 8,
@@ -191,7 +167,7 @@ async def test_a_second_osas_stands_by_and_writes_nothing(tmp_path):
                         assert "standby" in details
                         assert "osas-a" in details
                         await expect_status(grpc.StatusCode.UNAVAILABLE, wrong.refresh())
-                    assert service(kube) == first.address
+                    assert service_address(kube) == first.address
                     await eventually(lambda: len(live(sim)) == 8, what="the holder's 8")
                     assert second.stop() == 0
                 assert second.seen("became the leader") == []
@@ -218,7 +194,7 @@ async def test_the_standby_finishes_a_scale_up_of_ten_after_the_holder_is_killed
                 first.wait_for("health SERVING", timeout=WINDOW + 20)
                 second = stack.enter_context(ServedOsas(second_config, second_env))
                 second.wait_for("another osas holds the lease; standing by")
-                await eventually(lambda: service(kube) == first.address, what="endpoint")
+                await eventually(lambda: service_address(kube) == first.address, what="endpoint")
                 sim.nova.faults.create_stall = 1.0
                 async with ca_client(first.address) as ca:
                     await increase_once_allowed(ca, "big", 10, WINDOW + 10)
@@ -231,7 +207,7 @@ async def test_the_standby_finishes_a_scale_up_of_ten_after_the_holder_is_killed
                 took_over = time.monotonic() - killed
                 sim.nova.faults.create_stall = 0.0
                 await ca_through_the_service(kube, sim, want=10)
-                assert service(kube) == second.address
+                assert service_address(kube) == second.address
                 assert second.stop() == 0
         finally:
             watch.stop()
@@ -257,7 +233,7 @@ async def test_a_clean_shutdown_hands_the_lease_over_at_once_with_nothing_held(t
             assert first.stop() == 0
             second.wait_for("health SERVING", timeout=LEASE_DURATION + 10)
             handed_over = time.monotonic() - begun
-            await eventually(lambda: service(kube) == second.address, what="endpoint moved")
+            await eventually(lambda: service_address(kube) == second.address, what="endpoint moved")
             async with ca_client(second.address) as ca:
                 await ca.increase("big", 2)  # no hold: nothing of the first can still land
             await eventually(lambda: len(live(sim)) == 2, what="two servers")
@@ -473,7 +449,7 @@ async def test_a_kill_of_an_idle_holder_holds_nothing_and_a_first_install_neithe
             killed = time.monotonic()
             accepted = None
             while time.monotonic() - killed < LEASE_DURATION + RETRY_PERIOD + 10:
-                address = service(kube)
+                address = service_address(kube)
                 if address == second.address:
                     try:
                         async with ca_client(address) as ca:
@@ -573,7 +549,7 @@ async def test_a_rollout_with_a_create_in_flight_breaks_cas_loop_for_under_two_s
             async with contextlib.AsyncExitStack() as connections:
                 while time.monotonic() - begun < stall + 2:
                     ok = False
-                    address = service(kube)
+                    address = service_address(kube)
                     if address is not None:
                         if address not in clients:
                             clients[address] = await connections.enter_async_context(
@@ -589,7 +565,7 @@ async def test_a_rollout_with_a_create_in_flight_breaks_cas_loop_for_under_two_s
                     await asyncio.sleep(0.02)
             stopping.join(timeout=30)
             assert first.process.returncode == 0
-            assert service(kube) == second.address
+            assert service_address(kube) == second.address
             assert second.stop() == 0
     assert failing <= 2.0
 

@@ -26,8 +26,8 @@ import os
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,6 @@ import openstack.config
 import openstack.connection
 import yaml
 from clouds import delete_everything, project_servers
-from prometheus_client import CollectorRegistry
 from realnova.cloud import (
     CLOUD,
     DEFAULT_QUOTAS,
@@ -56,9 +55,9 @@ from realnova.cloud import (
     NovaOptions,
     RealNovaProcess,
 )
-from support import Provider, ca_client, config_data, write_config
+from support import Provider, config_data, engine_of, serving_places, write_config
 
-from osas.app import PlaceEngine, openstack_cloud, openstack_clouds
+from osas.app import PlaceEngine, openstack_cloud
 from osas.check import EXIT_CLOUD, EXIT_OK, Report, check_config
 from osas.config import OsasConfig, load_config, places_of
 from osas.demo.client import CaClient
@@ -180,22 +179,9 @@ def two_region_config(
     return load_config(write_config(tmp_path, data))
 
 
-@asynccontextmanager
-async def serving(config: OsasConfig) -> AsyncIterator[tuple[Provider, CaClient]]:
-    """osas as ``osas serve`` runs it: a cloud adapter per place, counted in one registry."""
-    clouds = openstack_clouds(config, CollectorRegistry())
-    provider = Provider(config, clouds)  # type: ignore[arg-type]  # a cloud per place
-    await provider.start(wait_serving=False)
-    await provider.wait_serving(timeout=60)
-    try:
-        async with ca_client(provider.address) as ca:
-            yield provider, ca
-    finally:
-        await provider.stop()
-
-
-def engine_of(provider: Provider, region: str) -> PlaceEngine:
-    return next(engine for engine in provider.app.places if engine.place.region == region)
+def serving(config: OsasConfig) -> AbstractAsyncContextManager[tuple[Provider, CaClient]]:
+    """osas as ``osas serve`` runs it against the two regions (real Nova starts slowly)."""
+    return serving_places(config, timeout=60)
 
 
 async def until(check: Callable[[], Awaitable[Any]], timeout: float, what: str) -> Any:
