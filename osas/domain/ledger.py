@@ -444,14 +444,24 @@ class Ledger:
     def target_size(self, group_id: str) -> int:
         """Servers not being deleted, plus creates in hand (failed ones until CA removes them).
         O(servers osas is deleting in the group)."""
-        snapshot = self._snapshot
-        marked_live = 0
+        taken, untaken = self._marked_standing(group_id)
+        creates = len(self._creates_by_group.get(group_id, ()))
+        return self._snapshot.counted(group_id) - taken - untaken + creates
+
+    def _marked_standing(self, group_id: str) -> tuple[int, int]:
+        """The group's servers marked deleting that Nova still shows and is not deleting:
+        those whose DELETE Nova took (a listing will show it), and those whose it has not."""
+        snapshot, deleting = self._snapshot, self._deleting
+        taken = untaken = 0
         for server_id in self._deleting_by_group.get(group_id, ()):
             server = snapshot.get(server_id)
-            if server is not None and not server.is_deleting:
-                marked_live += 1
-        creates = len(self._creates_by_group.get(group_id, ()))
-        return snapshot.counted(group_id) - marked_live + creates
+            if server is None or server.is_deleting:
+                continue  # gone, or Nova is deleting it: not counted
+            if deleting[server_id].taken:
+                taken += 1
+            else:
+                untaken += 1
+        return taken, untaken
 
     def generation(self, group_id: str) -> int:
         """Bumped by every change of the ledger CA could see of the group."""
@@ -636,22 +646,13 @@ class Ledger:
         spec = self._cluster.group(group_id)
         if spec is None:
             return False
-        snapshot = self._snapshot
-        taken = untaken = 0
-        for server_id in self._deleting_by_group.get(group_id, ()):
-            server = snapshot.get(server_id)
-            if server is None or server.is_deleting:
-                continue  # gone, or Nova is deleting it: not counted
-            if self._deleting[server_id].taken:
-                taken += 1
-            else:
-                untaken += 1
+        taken, untaken = self._marked_standing(group_id)
         if not untaken:
             return False
         sent = sum(
             1 for other in self._creates_by_group.get(group_id, {}).values() if other.state in _SENT
         )
-        return snapshot.counted(group_id) - taken + sent + 1 > spec.max_size
+        return self._snapshot.counted(group_id) - taken + sent + 1 > spec.max_size
 
     def take_create(self, request_id: str) -> Create | None:
         """A worker is about to send this create; None when it must not (cancelled, settled)."""

@@ -31,9 +31,6 @@ class WarmPool:
     def of_group(self, group_id: str) -> list[WarmServer]:
         return list(self._by_group.get(group_id, {}).values())
 
-    def groups(self) -> list[str]:
-        return list(self._by_group)
-
     def census(self, group_id: str) -> dict[str, int]:
         """The group's warm servers by Nova's status (SHUTOFF, BUILD, SHELVED_OFFLOADED...)."""
         return dict(Counter(s.status for s in self._by_group.get(group_id, {}).values()))

@@ -124,9 +124,6 @@ class TaskQueue:
         """A create taken from the queue that must wait: set aside, in hand, until released."""
         self._held[task] = None
 
-    def held(self) -> int:
-        return len(self._held)
-
     def release_held(self) -> None:
         """Queue the held creates again, first among the creates (they were taken before the
         others), for a worker to look at them again."""
