@@ -855,10 +855,7 @@ class FakeNova:
         """The server, if Nova's API would act on it now: found (404), allowed by the policy
         (403), then its ``check_instance_host`` (start, stop) and ``check_instance_state``
         (the vm state, then no task running): 409."""
-        self._advance()
-        server = self._servers.get(server_id)
-        if server is None or server.status == "DELETED":
-            raise NovaRefusal(f"Instance {server_id} could not be found.", 404)
+        server = self._live(server_id)
         if refused_by_policy is not None:
             rule = {"shelveOffload": "os-shelve:shelve_offload"}[refused_by_policy]
             raise NovaRefusal(f"Policy doesn't allow os_compute_api:{rule} to be performed.", 403)
@@ -979,20 +976,22 @@ class FakeNova:
         """Remove one key (404 if the server does not have it). Unlike a set, Nova deletes the
         row alone and leaves the server's ``updated_at`` as it was."""
         self.calls["servers.metadata.delete"] += 1
-        self._advance()
-        server = self._servers.get(server_id)
-        if server is None or server.status == "DELETED":
-            raise NovaRefusal(f"Instance {server_id} could not be found.", 404)
+        server = self._live(server_id)
         if key not in server.metadata:
             raise NovaRefusal("Metadata item was not found", 404)
-        self._server_for_metadata(server_id, "delete metadata")
+        _in_state(server, _METADATA_STATES, "delete metadata")
         del server.metadata[key]
 
-    def _server_for_metadata(self, server_id: str, action: str) -> FakeServer:
+    def _live(self, server_id: str) -> FakeServer:
+        """The server as Nova's API finds it now (404 when it is not, or deleted)."""
         self._advance()
         server = self._servers.get(server_id)
         if server is None or server.status == "DELETED":
             raise NovaRefusal(f"Instance {server_id} could not be found.", 404)
+        return server
+
+    def _server_for_metadata(self, server_id: str, action: str) -> FakeServer:
+        server = self._live(server_id)
         return _in_state(server, _METADATA_STATES, action)
 
     def _new_server(
