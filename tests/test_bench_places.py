@@ -14,7 +14,7 @@ from osas.bench.places import (
     END,
     VARIANTS,
     Plan,
-    _kind,
+    kind_of,
     measure_places,
     section,
 )
@@ -75,8 +75,8 @@ def test_only_the_p99_ratios_compared_for_a_verdict_carry_the_target():
     assert ("down", "one") in judged
     assert ("refused", "one") in judged
     for run, base, is_judged in COMPARISONS:
-        p99 = _kind(f"{run}_over_{base}_p99")
+        p99 = kind_of(f"{run}_over_{base}_p99")
         assert (p99.threshold is not None) == is_judged
-        assert _kind(f"{run}_over_{base}_worst").threshold is None
-    assert _kind("down_failed").threshold == 0
-    assert _kind("memory_0_each").unit == "MiB"
+        assert kind_of(f"{run}_over_{base}_worst").threshold is None
+    assert kind_of("down_failed").threshold == 0
+    assert kind_of("memory_0_each").unit == "MiB"

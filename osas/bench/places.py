@@ -94,7 +94,7 @@ from osas.bench.processes import (
     stop_process,
     wait_until_serving,
 )
-from osas.bench.report import HEADER, figure_row, replace_marked_section
+from osas.bench.report import HEADER, figure_row, replace_marked_section, verdict
 from osas.bench.results import Figure, Kind
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.sim.server import DEFAULT_DOMAIN, DEFAULT_PASSWORD, DEFAULT_PROJECT, DEFAULT_USER
@@ -176,7 +176,7 @@ COMPARISONS = (
 # -- figures ------------------------------------------------------------------------------------
 
 
-def _kind(key: str) -> Kind:
+def kind_of(key: str) -> Kind:
     """What a figure of this measure is: ``<run>_<measure>`` or ``<run>_over_<baseline>_<q>``,
     ``memory_<servers>_<places>`` or ``memory_<servers>_each``."""
     if "_over_" in key:
@@ -196,17 +196,17 @@ def _kind(key: str) -> Kind:
 
 @dataclass
 class PlacesResult:
-    """The measure's figures over cycles (memory: over rounds), by key (``_kind``)."""
+    """The measure's figures over cycles (memory: over rounds), by key (``kind_of``)."""
 
     plan: Plan
     figures: dict[str, Figure] = field(default_factory=dict)
     seconds: float = 0.0  # the measure's own wall time
 
     def add(self, key: str, value: float) -> None:
-        self.figures.setdefault(key, Figure(_kind(key))).samples.append(value)
+        self.figures.setdefault(key, Figure(kind_of(key))).samples.append(value)
 
     def get(self, key: str) -> Figure:
-        return self.figures.get(key) or Figure(_kind(key))
+        return self.figures.get(key) or Figure(kind_of(key))
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -635,11 +635,6 @@ def _x(figure: Figure) -> str:
     return f"{figure.median:.2f}x ({low:.2f}-{high:.2f})"
 
 
-def _verdict(figure: Figure) -> str:
-    met = figure.met
-    return "—" if met is None else "met" if met else "**missed**"
-
-
 def section(result: PlacesResult, info: dict[str, str]) -> list[str]:
     plan = result.plan
     big = f"{plan.big:,}"
@@ -718,7 +713,7 @@ def section(result: PlacesResult, info: dict[str, str]) -> list[str]:
         lines.append(
             f"| `{run}` | `{baseline}` | {_x(result.get(f'{run}_over_{baseline}_p50'))} | "
             f"{_x(p99)} | {f'<= {TARGET}x' if judged else ''} | "
-            f"{_x(result.get(f'{run}_over_{baseline}_worst'))} | {_verdict(p99)} |"
+            f"{_x(result.get(f'{run}_over_{baseline}_worst'))} | {verdict(p99)} |"
         )
     counts = range(1, plan.most_places + 1)
     lines += [

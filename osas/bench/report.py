@@ -59,12 +59,14 @@ def _number(value: float, unit: str) -> str:
     return f"{value:.1f}"
 
 
-def _verdict(figure: Figure) -> str:
+def verdict(figure: Figure) -> str:
+    """A figure against its target: met, **missed**, or — where it has none."""
     met = figure.met
     return "—" if met is None else "met" if met else "**missed**"
 
 
-def _row(figure: Figure, suffix: str = "") -> str:
+def figure_row(figure: Figure, suffix: str = "") -> str:
+    """One figure as a row of ``HEADER``'s table."""
     kind, samples = figure.kind, figure.samples
     low = min(samples) if samples else float("nan")
     high = max(samples) if samples else float("nan")
@@ -72,13 +74,8 @@ def _row(figure: Figure, suffix: str = "") -> str:
     return (
         f"| {kind.name}{note}{suffix} | {kind.target} | {_number(low, kind.unit)} | "
         f"{_number(figure.median, kind.unit)} | {_number(high, kind.unit)} | "
-        f"{len(samples)} | {_verdict(figure)} |"
+        f"{len(samples)} | {verdict(figure)} |"
     )
-
-
-def figure_row(figure: Figure, suffix: str = "") -> str:
-    """One figure as a row of ``HEADER``'s table, for a measure that writes its own section."""
-    return _row(figure, suffix)
 
 
 HOW = """\
@@ -192,7 +189,7 @@ def takeover_section(result: TakeoverResult, machine: dict[str, str]) -> list[st
         "",
         HEADER,
     ]
-    lines += [_row(figure) for figure in result.figures.values()]
+    lines += [figure_row(figure) for figure in result.figures.values()]
     return [*lines, TAKEOVER_END]
 
 
@@ -253,7 +250,7 @@ def burst_section(result: BurstResult, machine: dict[str, str]) -> list[str]:
         "",
         HEADER,
     ]
-    lines += [_row(figure) for figure in result.figures.values()]
+    lines += [figure_row(figure) for figure in result.figures.values()]
     return [*lines, BURST_END]
 
 
@@ -506,8 +503,8 @@ def write_report(
         result = by_size.get(size) or (results[-1] if results else None)
         if result is None or key not in result.figures:
             continue
-        lines.append(_row(result.figures[key], f", {result.servers:,} servers"))
-    lines.append(_row(creates))
+        lines.append(figure_row(result.figures[key], f", {result.servers:,} servers"))
+    lines.append(figure_row(creates))
     lines += ["", "## Latency against inventory size", "", "![p50 latency](benchmarks-latency.svg)"]
     lines += ["", _latency_table(results), ""]
     for result in results:
@@ -534,7 +531,7 @@ def size_section(result: SizeResult, measured: str = "") -> list[str]:
     lines = [f"{_size_heading(result.servers)}{groups})", ""]
     if measured:
         lines += [measured, ""]
-    return [*lines, HEADER, *(_row(figure) for figure in result.figures.values())]
+    return [*lines, HEADER, *(figure_row(figure) for figure in result.figures.values())]
 
 
 def replace_size_sections(out: Path, results: list[SizeResult], machine: dict[str, str]) -> None:
@@ -569,7 +566,7 @@ def replace_size_sections(out: Path, results: list[SizeResult], machine: dict[st
         old = [row for row in kept if row.startswith(f"| {kind.name}") and suffix in row]
         fresh = by_size.get(size)
         if fresh is not None and key in fresh.figures:
-            rows.append(_row(fresh.figures[key], f", {size:,} servers"))
+            rows.append(figure_row(fresh.figures[key], f", {size:,} servers"))
         else:
             rows += old[:1]
         kept = [row for row in kept if row not in old]
