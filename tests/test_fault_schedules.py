@@ -4,6 +4,7 @@ convergence.
 A hypothesis state machine plays the Cluster Autoscaler against a real osas (gRPC on
 127.0.0.1) and the simulated OpenStack (HTTP, unmodified openstacksdk) while it breaks Nova in
 every way osas must survive (5xx, latency, creates Nova stores only after the client gave up,
+DELETEs its API takes late,
 lost answers, its quota re-check, Nova's clock jumping back and forth by up to ten minutes,
 restarts by kill and by SIGTERM, a kill -9 at a random instant of a scale-up or a scale-down)
 and while operators and the world act on it: configuration reloads (max_size down and up, the
@@ -257,6 +258,13 @@ class FaultSchedule(RuleBasedStateMachine):
     @rule(stall=st.sampled_from(STALLS))
     def slow_creates(self, stall: float) -> None:
         self.sim.nova.faults.create_stall = stall
+        self.longest_stall = max(self.longest_stall, stall)
+
+    @rule(stall=st.sampled_from(STALLS))
+    def slow_deletes(self, stall: float) -> None:
+        """Nova's API slow to take a DELETE and not a create: a scale-up CA asks right after
+        a scale-down must not land before the DELETE and leave Nova beyond the bound."""
+        self.sim.nova.faults.delete_stall = stall
         self.longest_stall = max(self.longest_stall, stall)
 
     @rule(count=st.integers(1, 3), status=st.sampled_from([502, 503]))
@@ -622,12 +630,12 @@ class FaultSchedule(RuleBasedStateMachine):
 
     async def _converge(self) -> None:
         faults = self.sim.nova.faults
-        faults.error_rate = faults.latency = faults.create_stall = 0.0
+        faults.error_rate = faults.latency = faults.create_stall = faults.delete_stall = 0.0
         faults.lost_create_responses = 0
         self.sim.nova.clock_offset = 0.0
         faults.quota_recheck_seconds = 0.0
         self.sim.nova.quota.instances = None
-        # A create stalled in Nova lands at most this long after the faults stopped.
+        # A create or DELETE stalled in Nova lands at most this long after the faults stopped.
         await asyncio.sleep(self.longest_stall + 0.2)
         self.longest_stall = 0.0
         assert self.ca is not None
