@@ -117,7 +117,7 @@ def test_stop_and_start_run_through_their_task_states_in_their_own_time(sim, con
         },
         {
             "there": ("suspend_server", "suspend", "suspending"),
-            "held": ("SUSPENDED", "suspended", 7),
+            "held": ("SUSPENDED", "suspended", 4),
             "back": ("resume_server", "resume", "resuming"),
         },
     ],

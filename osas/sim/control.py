@@ -24,8 +24,10 @@ the servers compactly:
   ``powering-on`` until ``POST /_sim/activate {"id": ...}``), ``unshelve_quota_exceeded``
   (next unshelves of an offloaded server refused 403 "Quota exceeded", where Nova checks) and
   ``unshelve_no_valid_host`` (next unshelves of an offloaded server find no host and leave it
-  SHELVED_OFFLOADED). Besides Nova's, ``Quota`` holds Neutron's ``ports`` and Cinder's
-  ``volumes`` and ``gigabytes`` (each a non-negative integer, or null: unlimited), and
+  SHELVED_OFFLOADED). For the guests: ``warm_prepare_hangs`` (the next warm guests'
+  preparations never end: no ``osas-warm-prepared`` on the console, no poweroff). Besides
+  Nova's, ``Quota`` holds Neutron's ``ports`` and Cinder's ``volumes`` and ``gigabytes``
+  (each a non-negative integer, or null: unlimited), and
   ``count_usage_from_placement`` (true by default: a SHELVED_OFFLOADED server holds no cores
   or RAM and its unshelve re-checks them; false: Nova's legacy counting).
 - ``GET|POST /_sim/nova``: ``build_seconds`` (null: BUILD until activated),
@@ -35,8 +37,12 @@ the servers compactly:
   action runs (``start_seconds``, ``stop_seconds``, ``pause_seconds``, ``unpause_seconds``,
   ``suspend_seconds``, ``resume_seconds``, ``shelve_seconds``, ``shelve_offload_seconds``,
   ``unshelve_seconds``), ``shelved_offload_time`` (Nova's option: 0 offloads a shelved server
-  at once, more after that many seconds, -1 never) and ``allow_shelve_offload`` (false: 403 for
-  shelveOffload, Nova's default policy being admin only).
+  at once, more after that many seconds, -1 never), ``allow_shelve_offload`` (false: 403 for
+  shelveOffload, Nova's default policy being admin only), ``warm_prepare_seconds`` (how long a
+  guest booted with the warm mark runs its boot script before it prints ``osas-warm-prepared``
+  and, in a pool kept shut off or shelved, powers itself off; 0.2 by default) and
+  ``serial_console`` (true: ``os-getConsoleOutput`` reads the last run's log of a server whose
+  guest does not run, as with Nova's serial console; false by default: 404, as libvirt's pty).
 - ``GET|POST /_sim/identity``: ``token_lifetime`` (seconds: the ``expires_at`` of new tokens;
   keystoneauth renews a token that ends within two minutes before each request),
   ``refuse_after`` (seconds, or null: every API refuses a token once it is this old, while its
@@ -303,6 +309,8 @@ _NOVA_TIMINGS = {
     "unshelve_seconds": "float",
     "shelved_offload_time": "signed float",
     "allow_shelve_offload": "bool",
+    "warm_prepare_seconds": "float",
+    "serial_console": "bool",
 }
 _IDENTITY_TIMES = {"token_lifetime": "float", "refuse_after": "float | None"}
 # Fields whose values are bounded beyond "non-negative" (a "signed" one may be negative).

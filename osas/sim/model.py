@@ -38,6 +38,19 @@ scheduled again (``unshelve_no_valid_host``: back to SHELVED_OFFLOADED, as Nova'
 leaves it). A failed start (``start_fails``) leaves the server SHUTOFF with its fault recorded,
 as Nova's ``reverts_task_state`` and ``wrap_instance_fault`` do; a stalled one
 (``start_stalls``) stays ``powering-on`` until ``activate`` names it.
+
+Every server runs a guest (``osas.sim.guest``): osas's user data at each boot, and the console
+log ``console_output`` reads as Nova's ``os-getConsoleOutput`` does. A server whose metadata
+carries ``osas-warm`` when it boots prepares, prints ``osas-warm-prepared`` after
+``warm_prepare_seconds`` and, unless its ``osas-warm-state`` is paused or suspended, powers
+itself off: Nova's power-state sync records power state 4 and stops it (``powering-off``, then
+SHUTOFF after ``stop_seconds``), as for ``os-stop``. The preparation runs once per disk, but
+every boot with the warm mark prints the marker and powers off again after the same time (a
+warm server started by mistake goes back to SHUTOFF). One started without the mark (claimed)
+stays ACTIVE and joins: ``osas-node-joined`` on its console, once per disk; an idle guest
+(paused or suspended pool) joins when it runs without the mark. ``warm_prepare_hangs``: a
+preparation that never ends. Servers without the mark behave as they did: their guest only
+writes a console.
 """
 
 from __future__ import annotations
@@ -56,6 +69,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 
 from osas.cloud.port import CreateServerRequest
 from osas.domain.servers import Fault, Flavor, ServerRecord
+from osas.sim.guest import CONSOLE_NOT_AVAILABLE, WARM_MARK, Guest, seeded_guest, tail
 
 NO_VALID_HOST = "No valid host was found. There are not enough hosts available."
 GROUP_MEMBERS_EXCEEDED = "Quota exceeded, too many servers in group"
@@ -145,6 +159,8 @@ class FakeServer:
     outcome: str | None = None
     # SHELVED, waiting for Nova's periodic offload (shelved_offload_time > 0; real clock).
     shelved_since: datetime | None = None
+    # What runs inside: osas's user data at every boot, and the console log (osas.sim.guest).
+    guest: Guest = field(default_factory=Guest)
 
     def record(self) -> ServerRecord:
         return ServerRecord(
@@ -181,6 +197,7 @@ class Faults:
     ports_exceeded: int = 0  # next creates refused with 403 "Maximum number of ports exceeded"
     start_fails: int = 0  # next starts end back in SHUTOFF (SHELVED) with a fault recorded
     start_stalls: int = 0  # next starts stay powering-on until ``activate`` names the server
+    warm_prepare_hangs: int = 0  # next warm guests' preparations never end (no marker, no poweroff)
     # next unshelves of a SHELVED_OFFLOADED server refused with 403 "Quota exceeded" (only
     # where Nova checks: with Quota.count_usage_from_placement), or that find no host
     unshelve_quota_exceeded: int = 0
@@ -343,6 +360,12 @@ class FakeNova:
         self.shelved_offload_time = 0.0
         # Nova's default policy lets only admins shelveOffload; the simulator's user is none.
         self.allow_shelve_offload = False
+        # How long a warm guest's boot script runs before it prints its marker (and powers
+        # itself off, in a pool kept shut off): real clock, counted from the boot.
+        self.warm_prepare_seconds = 0.2
+        # Nova's [serial_console] enabled: the console log of a server whose guest is not
+        # running is read too (the last run's), where by default Nova answers 404.
+        self.serial_console = False
         self._base_clock = clock or (lambda: datetime.now(UTC))
         # How far Nova's clock is off the real one (negative: behind); Nova stamps
         # `updated_at`, judges `changes-since` and writes its answers' Date by it.
@@ -407,7 +430,7 @@ class FakeNova:
             if _scheduling(server):
                 self._recheck_quota(server, now)
             if server.status == "BUILD":
-                self._finish_build(server, now)
+                self._finish_build(server, now, self._base_clock())
 
     @_locked
     def seed(
@@ -435,6 +458,7 @@ class FakeNova:
         server.status = status
         server.task_state = None
         server.server_group = server_group
+        server.guest = seeded_guest(server.metadata, status)
         if fault is not None:
             server.fault, server.fault_created = fault, server.created_at
         if status == "DELETED":
@@ -442,6 +466,13 @@ class FakeNova:
             server.deleting_since = server.created_at
             server.tags.clear()
         return server
+
+    @_locked
+    def console_lines(self, server_id: str) -> list[str]:
+        """Every line of a server's console log, whatever state it is in (not an API call)."""
+        self._advance()
+        server = self._servers[server_id]
+        return server.guest.log_lines(server.name, server_id)
 
     @_locked
     def all_servers(self) -> list[FakeServer]:
@@ -849,6 +880,29 @@ class FakeNova:
         else:
             self._begin(server, "unshelve-shelved", self._start_outcome())
 
+    @_locked
+    def console_output(self, server_id: str, length: int | None = None) -> str:
+        """``os-getConsoleOutput`` as Nova answers it, ``length`` checked by its schema (an
+        integer from -1, or None): the log's tail by Nova's compute manager (``guest.tail``:
+        None is all of it). Refused with Nova's status and message: 404 for a server that is
+        not there; 409 "Instance <id> is not ready" for one with no host (scheduling, ERROR,
+        SHELVED_OFFLOADED), as the compute API's ``check_instance_host`` says; 404 "Instance
+        <id> could not be found." while a build or an unshelve spawns it (libvirt has no
+        domain yet); 404 "Guest does not have a console available." when its guest does not
+        run (SHUTOFF, SUSPENDED, SHELVED, powering on, or powered off by itself), as the libvirt
+        driver finds no pty in the definition of a domain that is not running, unless
+        ``serial_console``."""
+        self.calls["servers.action.os-getConsoleOutput"] += 1
+        server = self._live(server_id)
+        if not has_host(server):
+            raise NovaRefusal(f"Instance {server_id} is not ready", 409)
+        if server.status in {"BUILD", OFFLOADED}:
+            raise NovaRefusal(f"Instance {server_id} could not be found.", 404)
+        guest = server.guest
+        if not guest.running and not self.serial_console:
+            raise NovaRefusal(CONSOLE_NOT_AVAILABLE, 404)
+        return tail(guest.log(server.name, server_id), length)
+
     def _server_for_action(
         self, server_id: str, kind: ServerAction, *, refused_by_policy: str | None = None
     ) -> FakeServer:
@@ -953,6 +1007,25 @@ class FakeNova:
         else:
             server.phase, server.phase_since = following, ended
             server.task_state = _PHASES[following][0]
+        self._guest_after(server, phase, outcome, ended)
+
+    def _guest_after(
+        self, server: FakeServer, phase: str | None, outcome: str | None, ended: datetime
+    ) -> None:
+        """What the end of an action's step does to the guest: a power-on boots it, a power-off
+        or shelve ends it, a suspend saves it and its resume restores it, an unpause lets it
+        run on; a guest that runs again looks at the metadata (claimed while paused)."""
+        guest = server.guest
+        if phase in {"start", "spawn"} and outcome is None:
+            self._boot_guest(server, ended)
+        elif phase in {"stop", "shelve", "shelve-volume", "offload"}:
+            guest.halt()
+        elif phase == "suspend":
+            guest.freeze()
+        elif phase == "resume":
+            guest.thaw()
+        if phase in {"unpause", "resume"}:
+            _guest_looks(server)
 
     @_locked
     def set_metadata(
@@ -969,6 +1042,7 @@ class FakeNova:
             raise NovaRefusal(_metadata_limit_message(self.quota.metadata_items), 403)
         server.metadata = merged
         server.updated_at = self.clock()
+        _guest_looks(server)
         return dict(merged)
 
     @_locked
@@ -981,6 +1055,7 @@ class FakeNova:
             raise NovaRefusal("Metadata item was not found", 404)
         _in_state(server, _METADATA_STATES, "delete metadata")
         del server.metadata[key]
+        _guest_looks(server)
 
     def _live(self, server_id: str) -> FakeServer:
         """The server as Nova's API finds it now (404 when it is not, or deleted)."""
@@ -1046,7 +1121,7 @@ class FakeNova:
                 and self.build_seconds is not None
                 and real - build_start >= timedelta(seconds=self.build_seconds)
             ):
-                self._finish_build(server, now)
+                self._finish_build(server, now, build_start + timedelta(seconds=self.build_seconds))
             if (
                 server.deleting_since is not None
                 and server.status != "DELETED"
@@ -1054,20 +1129,62 @@ class FakeNova:
             ):
                 server.status, server.task_state, server.updated_at = "DELETED", None, now
                 server.tags.clear()
+                server.guest.halt()
             if server.phase is not None or server.shelved_since is not None:
                 self._advance_action(server, real, now)
+            self._advance_guest(server, real, now)
             if (
                 server.status != "BUILD"
                 and server.phase is None
                 and server.shelved_since is None
                 and (server.deleting_since is None or server.status == "DELETED")
+                and server.guest.due is None
             ):
                 del self._unsettled[server.server_id]  # nothing left for time to do
 
-    def _finish_build(self, server: FakeServer, now: datetime) -> None:
+    def _finish_build(self, server: FakeServer, now: datetime, booted: datetime) -> None:
+        """The build ends (``booted``, real clock) with the guest booting."""
         server.status, server.updated_at = "ACTIVE", now
         # A server deleted while it was building is still being deleted.
         server.task_state = "deleting" if server.deleting_since is not None else None
+        self._boot_guest(server, booted)
+
+    # -- the guest ----------------------------------------------------------------------------
+
+    def _boot_guest(self, server: FakeServer, at: datetime) -> None:
+        """The server's QEMU process starts at ``at`` (real clock) and its guest boots."""
+        guest = server.guest
+        guest.boot(
+            server.metadata,
+            at,
+            seconds=self.warm_prepare_seconds,
+            # Asked of a boot that prepares only, so that the fault is spent on one.
+            hangs=not guest.prepared
+            and WARM_MARK in server.metadata
+            and self.take_fault("warm_prepare_hangs"),
+        )
+
+    def _advance_guest(self, server: FakeServer, real: datetime, now: datetime) -> None:
+        """The guest's boot script ends its warm step once it is due and the guest runs with no
+        task under way (paused, or while Nova acts on it, it waits). A guest that then powers
+        itself off leaves its instance ACTIVE with its domain shut down; Nova's power-state
+        sync calls its stop API for it, as for ``os-stop``: ``powering-off``, then SHUTOFF
+        (vm_state stopped, power_state 4) after ``stop_seconds``, ``updated`` bumped at each."""
+        guest = server.guest
+        if server.status == "DELETED":
+            guest.halt()
+            return
+        if not guest.warm_step_due(real) or not guest.running:
+            return
+        if server.status != "ACTIVE" or server.task_state is not None:
+            return
+        due = guest.due
+        if not guest.finish_warm_step():
+            _guest_looks(server)  # claimed while it prepared: it joins at once
+            return
+        self._begin(server, "stop", None)
+        server.phase_since = due
+        self._advance_action(server, real, now)
 
     def _recheck_quota(self, server: FakeServer, now: datetime) -> None:
         """Nova's conductor re-checks the quota once the instance exists, counting every live
@@ -1183,6 +1300,12 @@ _PHASE_ENDS = {
     "offload": OFFLOADED,
     "spawn": "ACTIVE",
 }
+
+
+def _guest_looks(server: FakeServer) -> None:
+    """A guest left idle in a running server (not paused) notices its metadata now."""
+    if server.status == "ACTIVE":
+        server.guest.sees(server.metadata)
 
 
 def _offloaded(server: FakeServer) -> bool:

@@ -36,6 +36,11 @@ action or several, 404, 403 (the policy, the quota an offloaded server's unshelv
 409 ``conflictingRequest`` in a state the action does not take. The server view shows the
 statuses SHUTOFF, PAUSED, SUSPENDED, SHELVED and SHELVED_OFFLOADED with their vm_state and
 power_state, and the task state while an action runs (``FakeNova.server_action``).
+
+``os-getConsoleOutput`` (``{"os-getConsoleOutput": {"length": N}}``, N optional) answers 200
+``{"output": ...}``: the guest's console log (``osas.sim.guest``) tailed as Nova's compute
+manager does, after Nova's schema (400: N an integer from -1, a string of digits, or null);
+404 and 409 where Nova answers them (``FakeNova.console_output``).
 """
 
 from __future__ import annotations
@@ -78,6 +83,7 @@ from osas.sim.nova_schema import (
     CreateBody,
     Microversion,
     checked_tags,
+    console_length,
     invalid_body,
     invalid_query,
     metadata_body,
@@ -89,8 +95,11 @@ from osas.sim.nova_schema import (
 )
 from osas.sim.routing import HttpError, Request, Response, Router, parse_limit, timestamp
 
+CONSOLE_OUTPUT = "os-getConsoleOutput"
 # Nova's power states (nova/compute/power_state.py) by status; anything else is NOSTATE (0).
-_POWER_STATES = {"ACTIVE": 1, "PAUSED": 3, "SHUTOFF": 4, "SUSPENDED": 7}
+# libvirt saves a suspended guest and shuts its domain off: Nova reads power state 4 (7 is a
+# guest that suspended itself).
+_POWER_STATES = {"ACTIVE": 1, "PAUSED": 3, "SHUTOFF": 4, "SUSPENDED": 4}
 _POWER_STATES |= {"SHELVED": 4, OFFLOADED: 4}  # powered off before the snapshot
 # Statuses whose view lists the server's addresses (its ports are kept, bound or not).
 _ADDRESSED = frozenset({"ACTIVE", "SHUTOFF", "PAUSED", "SUSPENDED", "SHELVED", OFFLOADED})
@@ -391,7 +400,7 @@ class Compute:
             else "",
             "OS-EXT-STS:task_state": server.task_state,
             "OS-EXT-STS:vm_state": VM_STATES.get(server.status, server.status.lower()),
-            "OS-EXT-STS:power_state": _POWER_STATES.get(server.status, 0),
+            "OS-EXT-STS:power_state": _power_state(server),
             "OS-SRV-USG:launched_at": (
                 timestamp(server.created_at).replace("Z", ".000000") if scheduled else None
             ),
@@ -609,9 +618,16 @@ class Compute:
         if not isinstance(document, dict) or len(document) != 1:
             raise nova_error(400, "Malformed request body")
         action, value = next(iter(document.items()))
+        server_id = request.params["server_id"]
+        if action == CONSOLE_OUTPUT:
+            length = console_length(value)
+            try:
+                output = self.nova.console_output(server_id, length)
+            except NovaRefusal as exc:
+                raise nova_error(exc.status, str(exc)) from exc
+            return Response.json(200, {"output": output})
         if action not in SERVER_ACTIONS:
             raise nova_error(400, f"There is no such action: {action}")
-        server_id = request.params["server_id"]
         try:
             if action == "unshelve":
                 zone_given, zone, host = unshelve_arguments(value, version)
@@ -973,6 +989,14 @@ class Compute:
             "totalServerGroupsUsed": len(self.nova.server_groups),
         }
         return Response.json(200, {"limits": {"rate": [], "absolute": absolute}})
+
+
+def _power_state(server: FakeServer) -> int:
+    """Nova's power state by status; 4 (shutdown) for an ACTIVE server whose guest powered
+    itself off, as Nova's power-state sync saves it before it stops the instance."""
+    if server.status == "ACTIVE" and server.guest.powered_off:
+        return _POWER_STATES["SHUTOFF"]
+    return _POWER_STATES.get(server.status, 0)
 
 
 def _reason(status: int) -> str:

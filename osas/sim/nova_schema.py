@@ -337,6 +337,34 @@ def _checked_block_devices(value: Any) -> list[dict[str, Any]]:
     return list(value)
 
 
+_CONSOLE_LENGTH = re.compile(r"^-?[0-9]+$")
+
+
+def console_length(value: Any) -> int | None:
+    """The ``length`` of an ``os-getConsoleOutput`` body, checked by Nova's schema: the value
+    an object with no other key, the length an integer from -1, a string of digits (with an
+    optional minus: a string escapes the minimum, as in Nova) or null. None: the whole log."""
+    field = "os-getConsoleOutput"
+    if not isinstance(value, dict):
+        raise invalid_body(field, value, f"{value!r} is not of type 'object'")
+    extra = set(value) - {"length"}
+    if extra:
+        raise invalid_body(field, value, unexpected_properties(extra))
+    length = value.get("length")
+    if length is None:
+        return None
+    if isinstance(length, bool) or not isinstance(length, int | str):
+        reason = f"{length!r} is not of type 'integer', 'string', 'null'"
+        raise invalid_body("length", length, reason)
+    if isinstance(length, str):
+        if not _CONSOLE_LENGTH.search(length):
+            raise invalid_body("length", length, f"{length!r} does not match '^-?[0-9]+$'")
+        return int(length)
+    if length < -1:
+        raise invalid_body("length", length, f"{length} is less than the minimum of -1")
+    return length
+
+
 def unshelve_arguments(value: Any, version: Microversion) -> tuple[bool, str | None, str | None]:
     """What an unshelve body's value asks, checked by Nova's schema for the microversion:
     (whether a zone was given, the zone (None: unpin), the host). Before 2.77 any value is
