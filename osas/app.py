@@ -69,6 +69,7 @@ from osas.engine.status import (
     build_status,
     refresh_census,
 )
+from osas.engine.warm import WarmKeeper
 from osas.engine.workers import Workers
 from osas.service.metrics import ServiceCollector, register_build_info
 from osas.service.ops_server import OperationsServer
@@ -285,6 +286,16 @@ class PlaceEngine:
             standby=standby,
             metrics=metrics,
         )
+        self.keeper = WarmKeeper(
+            cloud,
+            self.inventory,
+            self.queue,
+            may_write=leadership.may_write,
+            keep_promises=self.controller.keep_promises,
+            interval=settings.reconcile.interval,
+            metrics=metrics,
+        )
+        self.workers.keeper = self.keeper
 
 
 class App:
@@ -381,7 +392,11 @@ class App:
             config_file=None if config_path is None else str(config_path),
             places=tuple(
                 PlaceSources.of(
-                    *engine.place.key, engine.inventory, engine.queue, engine.reconciler
+                    *engine.place.key,
+                    engine.inventory,
+                    engine.queue,
+                    engine.reconciler,
+                    keeper=engine.keeper,
                 )
                 for engine in self.places
             ),
@@ -709,6 +724,7 @@ class App:
                 logger.info("first sync done", servers=len(engine.inventory.snapshot))
                 # Leader or standby, the inventory is kept warm: a standby takes over in step.
                 background.start_soon(_essential, "reconciler", engine.reconciler.run_reconciler)
+                background.start_soon(_essential, "warm pools", engine.keeper.run_warm_pools)
                 check()
                 return
 

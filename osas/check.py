@@ -31,6 +31,7 @@ from osas.engine.userdata import (
     mints_unused_tokens,
     read_template,
     template_variables,
+    token_in_user_data,
     unfilled_hint,
     unfilled_placeholders,
 )
@@ -245,7 +246,7 @@ def check_user_data(config: OsasConfig, out: Report) -> int:
         group = spec.group_id
         name = f"{config.cluster_name}-{group}-check"
         try:
-            token = None if spec.bootstrap_token is None else TOKEN_OF_ITS_SIZE
+            token = TOKEN_OF_ITS_SIZE if token_in_user_data(spec) else None
             text = build_user_data(
                 spec,
                 cluster_name=config.cluster_name,

@@ -6,7 +6,7 @@ adapter does Nova's."""
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -124,6 +124,36 @@ class FakeCloud:
             return False
         self.nova.delete_server(server_id)
         return True
+
+    async def replace_metadata_if(
+        self, server_id: str, metadata: Mapping[str, str], still: Callable[[ServerRecord], bool]
+    ) -> ServerRecord | bool | None:
+        await self._call()
+        server = self.nova.get_server(server_id)
+        if server is None:
+            return None
+        record = server.record()
+        if not still(record):
+            return False
+        try:
+            written = self.nova.set_metadata(server_id, metadata, replace=True)
+        except NovaRefusal as refusal:
+            raise _translate(refusal) from refusal
+        return replace(record, metadata=written)
+
+    async def server_action(self, server_id: str, action: str) -> None:
+        await self._call()
+        try:
+            self.nova.server_action(server_id, action)
+        except NovaRefusal as refusal:
+            raise _translate(refusal) from refusal
+
+    async def console_output(self, server_id: str, lines: int) -> str:
+        await self._call()
+        try:
+            return self.nova.console_output(server_id, lines)
+        except NovaRefusal as refusal:
+            raise _translate(refusal) from refusal
 
     async def get_flavor(self, name_or_id: str) -> Flavor | None:
         await self._call()

@@ -34,7 +34,13 @@ from osas.cloud.port import Cloud
 from osas.config import OsasConfig, load_config
 from osas.demo.client import CaClient, ClientTls, connect
 from osas.domain.limits import NodeInfo
-from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST, TAG_CLUSTER_PREFIX
+from osas.domain.servers import (
+    META_CLUSTER,
+    META_GROUP,
+    META_REQUEST,
+    META_WARM,
+    TAG_CLUSTER_PREFIX,
+)
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.sim import DEFAULT_PASSWORD, SimulatedOpenStack
 from osas.sim.kubernetes import KubeStandIn
@@ -422,6 +428,49 @@ def nodes(pairs: list[tuple[str, str]]) -> list[NodeInfo]:
 
 # -- osas against the simulated OpenStack ----------------------------------------------------------
 
+# Warm pools (issue 36): what Nova holds of a group, and the invariants after every step.
+
+
+def node_servers(sim: SimulatedOpenStack, group: str = "big") -> list[FakeServer]:
+    """The group's servers in Nova that are nodes (not warm), not being deleted."""
+    return [
+        s
+        for s in sim.nova.live_servers()
+        if s.metadata.get(META_GROUP) == group
+        and META_WARM not in s.metadata
+        and s.task_state != "deleting"
+    ]
+
+
+def warm_servers(sim: SimulatedOpenStack) -> list[FakeServer]:
+    return [s for s in sim.nova.live_servers() if META_WARM in s.metadata]
+
+
+def deleted(sim: SimulatedOpenStack) -> list[str]:
+    """Ids of the servers whose DELETE reached Nova."""
+    return [asked.server_id for asked in sim.nova.deletes_asked]
+
+
+async def check_warm_invariants(
+    sim: SimulatedOpenStack, ca: CaClient, group: str, max_size: int
+) -> None:
+    """No warm server in CA's view; never beyond max_size nodes in Nova; one server per
+    request."""
+    # CA's view first, Nova's after: a claim only ever turns a warm server into a node, so a
+    # server warm in Nova after CA answered would be one CA saw while it was warm.
+    candidates = [f"openstack:///{s.server_id}" for s in sim.nova.live_servers()]
+    groups = {pid: (await ca.group_for_node("n", pid)).id for pid in candidates}
+    seen = {i.id for i in await ca.nodes(group)}
+    for server in warm_servers(sim):
+        provider_id = f"openstack:///{server.server_id}"
+        assert provider_id not in seen
+        assert groups.get(provider_id, "") == ""
+    nodes = node_servers(sim, group)
+    assert len(nodes) <= max_size
+    requests = [s.metadata.get(META_REQUEST) for s in nodes]
+    assert len(requests) == len(set(requests))
+
+
 BIG = {
     "id": "big",
     "min_size": 0,
@@ -629,9 +678,12 @@ class NovaWatch:
     be blocked waiting for a process): the most it ever held at once, not being deleted, and
     every request id that had two servers at once."""
 
-    def __init__(self, sim: SimulatedOpenStack, group: str = "big") -> None:
+    def __init__(
+        self, sim: SimulatedOpenStack, group: str = "big", *, nodes_only: bool = False
+    ) -> None:
         self.sim = sim
         self.group = group
+        self.nodes_only = nodes_only  # warm servers (``osas-warm``) are not nodes: left out
         self.most = 0
         self.twice: set[str] = set()
         self._stop = threading.Event()
@@ -642,7 +694,9 @@ class NovaWatch:
         return [
             s
             for s in self.sim.nova.live_servers()
-            if s.metadata.get(META_GROUP) == self.group and s.deleting_since is None
+            if s.metadata.get(META_GROUP) == self.group
+            and s.deleting_since is None
+            and not (self.nodes_only and META_WARM in s.metadata)
         ]
 
     def _watch(self) -> None:

@@ -1191,3 +1191,65 @@ def test_a_file_of_an_earlier_release_with_cloud_backend_still_loads(tmp_path):
     with pytest.raises(ConfigError, match="'fake' is no longer offered") as refused:
         load(tmp_path, config_data(cloud_backend="fake"))
     assert "remove cloud_backend" in str(refused.value)
+
+
+# -- warm pools (issue 36) -----------------------------------------------------------------------
+
+WARM_USER_DATA = "#cloud-config\n"
+
+
+def test_a_warm_pool_loads_with_its_defaults(tmp_path):
+    config = load(tmp_path, group(user_data=WARM_USER_DATA, warm_pool={}))
+    spec = config.cluster_spec().node_groups[0]
+    assert spec.warm_pool is not None
+    assert spec.warm_pool.size is None  # up to max_size - target
+    assert spec.warm_pool.state.value == "shutoff"
+    assert spec.warm_pool.start_timeout == 120.0
+    config = load(
+        tmp_path,
+        group(
+            user_data=WARM_USER_DATA,
+            warm_pool={"size": 2, "state": "shelved_offloaded", "max_age": "24h"},
+        ),
+    )
+    pool = config.cluster_spec().node_groups[0].warm_pool
+    assert pool is not None
+    assert (pool.size, pool.state.value, pool.max_age) == (2, "shelved_offloaded", 86400.0)
+    assert load(tmp_path, group()).cluster_spec().node_groups[0].warm_pool is None
+
+
+def test_a_warm_pool_larger_than_max_size_is_refused(tmp_path):
+    data = group(user_data=WARM_USER_DATA, max_size=3, warm_pool={"size": 4})
+    expect_problem(tmp_path, data, WORKERS, "warm_pool.size 4 is greater than max_size 3")
+
+
+def test_a_warm_pool_needs_user_data_that_prepares_and_stops(tmp_path):
+    data = group(warm_pool={"size": 1})
+    del data["node_groups"][0]["user_data"]
+    expect_problem(tmp_path, data, WORKERS, "warm_pool needs user data")
+
+
+def test_a_warm_pool_of_an_unknown_state_is_refused(tmp_path):
+    data = group(user_data=WARM_USER_DATA, warm_pool={"state": "hibernated"})
+    lines = problems(write_config(tmp_path, data))
+    assert any("warm_pool.state" in line for line in lines), lines
+
+
+def test_a_warm_pool_group_takes_its_token_from_metadata_not_user_data(tmp_path):
+    """With warm_pool the token is minted per claim and reaches the node in its metadata: a
+    template saying ${bootstrap_token} would be prepared with none."""
+    data = group(
+        user_data="#cloud-config\n# ${bootstrap_token}\n",
+        bootstrap_token={"ttl": "30m"},
+        warm_pool={"size": 1},
+    )
+    expect_problem(tmp_path, data, WORKERS, "must not say ${bootstrap_token}")
+    fine = group(user_data=WARM_USER_DATA, bootstrap_token={"ttl": "30m"}, warm_pool={"size": 1})
+    assert load(tmp_path, fine).cluster_spec().node_groups[0].bootstrap_token is not None
+
+
+@pytest.mark.parametrize(
+    "key", ["osas-warm-state", "osas-claimed", "osas-join-token", "osas-node-labels-2"]
+)
+def test_the_warm_pool_metadata_keys_are_reserved(tmp_path, key):
+    expect_problem(tmp_path, group(metadata={key: "x"}), WORKERS, "ownership marks")

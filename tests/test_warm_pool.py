@@ -12,6 +12,7 @@ from __future__ import annotations
 import grpc
 import pytest
 from support import (
+    BIG,
     CLUSTER,
     TAG,
     Provider,
@@ -23,12 +24,27 @@ from support import (
 )
 
 from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST, META_WARM
+from osas.engine.userdata import SecretFiles, warm_fingerprint
 from osas.sim import SimulatedOpenStack
 from osas.sim.model import FakeNova, FakeServer
 
+# Group "big" with a pool that wants none: the servers seeded in it, prepared from what the
+# group says now, are kept as they are (neither claimed, nor recycled, nor added to).
+WARM_BIG = {**BIG, "user_data": "#cloud-config\n", "warm_pool": {"size": 0}}
 
-def seed_warm(nova: FakeNova, count: int, *, status: str = "SHUTOFF") -> list[FakeServer]:
+
+def fingerprint(provider: Provider) -> str:
+    """What the pool of group "big" is prepared from now."""
+    spec = provider.app.inventory.cluster.group("big")
+    assert spec is not None
+    return warm_fingerprint(spec, SecretFiles())
+
+
+def seed_warm(
+    nova: FakeNova, provider: Provider, count: int, *, status: str = "SHUTOFF", start: int = 0
+) -> list[FakeServer]:
     """Servers prepared for group "big" and waiting in its pool."""
+    prepared_from = fingerprint(provider)
     return [
         nova.seed(
             name=f"{CLUSTER}-big-warm-{index}",
@@ -36,19 +52,19 @@ def seed_warm(nova: FakeNova, count: int, *, status: str = "SHUTOFF") -> list[Fa
                 META_CLUSTER: CLUSTER,
                 META_GROUP: "big",
                 META_REQUEST: f"{index:032x}",
-                META_WARM: "prepared-from-1",
+                META_WARM: prepared_from,
             },
             tags=[TAG],
             status=status,
         )
-        for index in range(count)
+        for index in range(start, start + count)
     ]
 
 
 @pytest.fixture
 async def served(tmp_path):
     with SimulatedOpenStack(FakeNova(build_seconds=0.05)) as sim:
-        provider = Provider(big_config(tmp_path), cloud_for(sim))
+        provider = Provider(big_config(tmp_path, node_groups=[WARM_BIG]), cloud_for(sim))
         await provider.start()
         try:
             async with ca_client(provider.address) as ca:
@@ -61,7 +77,8 @@ async def test_warm_servers_are_never_in_cas_view_nor_counted_nor_touched(served
     """Invariant: no warm server visible to CA, none counted, none touched."""
     sim, provider, ca = served
     running = seed_ours(sim.nova, 2, group="big")
-    warm = seed_warm(sim.nova, 2) + seed_warm(sim.nova, 1, status="SHELVED_OFFLOADED")
+    warm = seed_warm(sim.nova, provider, 2)
+    warm += seed_warm(sim.nova, provider, 1, status="SHELVED_OFFLOADED", start=2)
     for full in (True, False, True):
         await provider.sync(full=full)
         assert await ca.target_size("big") == 2
@@ -79,10 +96,10 @@ async def test_warm_servers_are_never_in_cas_view_nor_counted_nor_touched(served
     assert warm[0].server_id in details
     status = provider.app.status()
     (group,) = status["groups"]
-    assert group["warm_pool"] == {
-        "servers": 3,
-        "by_status": {"SHUTOFF": 2, "SHELVED_OFFLOADED": 1},
-    }
+    pool = group["warm_pool"]
+    assert pool["servers"] == 3
+    assert pool["by_status"] == {"SHUTOFF": 2, "SHELVED_OFFLOADED": 1}
+    assert pool["state"] == "shutoff"
     assert sum(group["servers"].values()) == 2
     assert status["problems"] == dict.fromkeys(status["problems"], 0)
     registry = provider.app.registry
@@ -99,7 +116,7 @@ async def test_a_claimed_server_leaves_the_pool_and_becomes_a_node_of_its_group(
     ``updated``) at once makes the server the group's in the next incremental listing; a warm
     server deleted by hand leaves the pool."""
     sim, provider, ca = served
-    claimed, deleted, kept = seed_warm(sim.nova, 3)
+    claimed, deleted, kept = seed_warm(sim.nova, provider, 3)
     await provider.sync()
     assert provider.app.status()["groups"][0]["warm_pool"]["servers"] == 3
     marks = {key: value for key, value in claimed.metadata.items() if key != META_WARM}

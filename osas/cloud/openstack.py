@@ -334,6 +334,22 @@ def _record_from_body(body: dict[str, Any]) -> ServerRecord:
     )
 
 
+def _post_once(
+    conn: openstack.connection.Connection, path: str, body: Any, microversion: str
+) -> Any:
+    """A POST to Nova sent exactly once, whatever retries clouds.yaml sets for every other
+    call (for the calls that must not be repeated blindly); its answer, not raised."""
+    return conn.compute.post(
+        path,
+        json=body,
+        microversion=microversion,
+        raise_exc=False,
+        connect_retries=0,
+        status_code_retries=0,
+        retriable_status_codes=[],
+    )
+
+
 def _nova_time(headers: Mapping[str, str]) -> datetime | None:
     """Nova's clock, from an answer's ``Date`` header (whole seconds, set by the HTTP server
     in front of Nova); None when it is missing or unreadable."""
@@ -1046,6 +1062,58 @@ class OpenStackCloud:
 
         return await self._call(read_then_delete)
 
+    async def replace_metadata_if(
+        self, server_id: str, metadata: Mapping[str, str], still: Callable[[ServerRecord], bool]
+    ) -> ServerRecord | bool | None:
+        microversion = await self._call(self._compute_microversion, rated=False)
+
+        # Like read_then_delete: read and write in one thread call. Sent again after a lost
+        # answer, the read finds the write done, and ``still`` accepts that too.
+        def read_then_replace(conn: openstack.connection.Connection) -> ServerRecord | bool | None:
+            try:
+                record = _record(conn.compute.get_server(server_id))
+            except sdk_exceptions.NotFoundException:
+                return None
+            if not still(record):
+                return False
+            response = conn.compute.put(
+                f"/servers/{server_id}/metadata",
+                json={"metadata": dict(metadata)},
+                microversion=microversion,
+                raise_exc=False,
+            )
+            sdk_exceptions.raise_from_response(response)
+            return dataclasses.replace(record, metadata=dict(response.json()["metadata"]))
+
+        return await self._call(read_then_replace, operation_name="replace_server_metadata")
+
+    async def server_action(self, server_id: str, action: str) -> None:
+        microversion = await self._call(self._compute_microversion, rated=False)
+
+        def act(conn: openstack.connection.Connection) -> None:
+            # Once: an action sent again after a lost answer meets the task it started (409);
+            # whoever sent it reads the server again instead.
+            path = f"/servers/{server_id}/action"
+            response = _post_once(conn, path, {action: None}, microversion)
+            sdk_exceptions.raise_from_response(response)
+
+        await self._once(act, operation_name=f"server_{action.replace('-', '_')}")
+
+    async def console_output(self, server_id: str, lines: int) -> str:
+        microversion = await self._call(self._compute_microversion, rated=False)
+
+        def read(conn: openstack.connection.Connection) -> str:
+            response = conn.compute.post(
+                f"/servers/{server_id}/action",
+                json={"os-getConsoleOutput": {"length": lines}},
+                microversion=microversion,
+                raise_exc=False,
+            )
+            sdk_exceptions.raise_from_response(response)
+            return str(response.json().get("output") or "")
+
+        return await self._call(read, operation_name="get_console_output")
+
     async def get_flavor(self, name_or_id: str) -> Flavor | None:
         def get(conn: openstack.connection.Connection) -> Flavor | None:
             flavor = conn.compute.find_flavor(name_or_id, ignore_missing=True, get_extra_specs=True)
@@ -1186,17 +1254,8 @@ class OpenStackCloud:
             raise _before_create(exc) from exc
 
         def create(conn: openstack.connection.Connection) -> ServerRecord:
-            response = conn.compute.post(
-                "/servers",
-                json=body,
-                microversion=microversion,
-                raise_exc=False,
-                # Sent once: a resend after a dropped connection or a 503 can make a second
-                # server (clouds.yaml may set these retries for every other call).
-                connect_retries=0,
-                status_code_retries=0,
-                retriable_status_codes=[],
-            )
+            # Sent once: a resend after a dropped connection or a 503 can make a second server.
+            response = _post_once(conn, "/servers", body, microversion)
             sdk_exceptions.raise_from_response(response)
             try:
                 server_id = str(response.json()["server"]["id"])

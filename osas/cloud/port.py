@@ -110,6 +110,24 @@ class Cloud(Protocol):
         the DELETE was accepted."""
         ...
 
+    async def replace_metadata_if(
+        self, server_id: str, metadata: Mapping[str, str], still: Callable[[ServerRecord], bool]
+    ) -> ServerRecord | bool | None:
+        """Read the server and replace all its metadata with ``metadata`` only if
+        ``still(record)`` says so, in one go (as ``delete_server_if``): the server as it is
+        then, with its new metadata; None when Nova no longer has it, False when ``still``
+        refused. Nova refuses the write (409) while a task runs on the server."""
+        ...
+
+    async def server_action(self, server_id: str, action: str) -> None:
+        """A server action without arguments (``os-start``, ``unpause``, ``resume``,
+        ``unshelve``, ``shelve``, ``pause``, ``suspend``), sent once."""
+        ...
+
+    async def console_output(self, server_id: str, lines: int) -> str:
+        """The last ``lines`` lines of the server's console log."""
+        ...
+
     async def get_flavor(self, name_or_id: str) -> Flavor | None: ...
 
     async def get_quota(

@@ -34,7 +34,17 @@ from osas.config.convert import as_values, default_duration, default_of
 from osas.domain.ids import NAME_MAX_LENGTH, NAME_PATTERN
 from osas.domain.ledger import LedgerSettings
 from osas.domain.limits import MAX_GROUP_SIZE
-from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST, META_WARM
+from osas.domain.servers import (
+    META_CLAIMED,
+    META_CLUSTER,
+    META_GROUP,
+    META_JOIN_TOKEN,
+    META_NODE_LABELS,
+    META_NODE_TAINTS,
+    META_REQUEST,
+    META_WARM,
+    META_WARM_STATE,
+)
 from osas.domain.specs import (
     BootstrapTokenSpec,
     ClusterSpec,
@@ -42,6 +52,8 @@ from osas.domain.specs import (
     NodeGroupSpec,
     Pricing,
     TaintEffect,
+    WarmPoolSpec,
+    WarmState,
 )
 from osas.election.port import ElectionSettings, default_identity, lease_name_for
 from osas.engine.settings import EngineSettings, QueueSettings, ReconcileSettings
@@ -109,7 +121,22 @@ CLIENT_PATTERN = r"^(dns|uri|cn):\S+$"
 _USER_DATA_MAX = 65535
 _METADATA_ITEM_MAX = 255
 _PORT_MAX = 65535
-_RESERVED_METADATA = frozenset({META_CLUSTER, META_GROUP, META_REQUEST, META_WARM})
+_RESERVED_METADATA = frozenset(
+    {
+        META_CLUSTER,
+        META_GROUP,
+        META_REQUEST,
+        META_WARM,
+        META_WARM_STATE,
+        META_CLAIMED,
+        META_JOIN_TOKEN,
+        *(
+            f"{key}{suffix}"
+            for key in (META_NODE_LABELS, META_NODE_TAINTS)
+            for suffix in ("", "-2", "-3", "-4")
+        ),
+    }
+)
 # The user data variables osas fills in itself.
 _BUILTIN_VARS = frozenset({"server_name", "node_group", "cluster_name", "bootstrap_token"})
 # A minted join token lives at least this long (a server takes minutes to build and join) and
@@ -425,6 +452,16 @@ class BootstrapTokenConfig(_Strict):
         return self
 
 
+class WarmPoolConfig(_Strict):
+    size: int | None = Field(
+        None, ge=0, le=MAX_GROUP_SIZE, description="default: up to max_size - target"
+    )
+    state: WarmState = default_of(WarmPoolSpec, "state")
+    max_age: PositiveDuration = default_duration(WarmPoolSpec, "max_age")
+    start_timeout: PositiveDuration = default_duration(WarmPoolSpec, "start_timeout")
+    prepare_timeout: PositiveDuration = default_duration(WarmPoolSpec, "prepare_timeout")
+
+
 class OptionsConfig(_Strict):
     scale_down_utilization_threshold: float | None = Field(None, ge=0, le=1)
     scale_down_gpu_utilization_threshold: float | None = Field(None, ge=0, le=1)
@@ -479,6 +516,8 @@ class NodeGroupConfig(_Strict):
     taints: list[TaintConfig] = []
     gpu: GpuConfig | None = None
     options: OptionsConfig = OptionsConfig()
+    # Servers prepared once and kept stopped, claimed by IncreaseSize before a cold create.
+    warm_pool: WarmPoolConfig | None = None
     price_per_hour: float | None = Field(None, ge=0)
     max_pods: int = Field(default_of(NodeGroupSpec, "max_pods"), ge=1, le=10_000)
     architecture: Literal["amd64", "arm64", "ppc64le", "s390x"] = default_of(
@@ -507,7 +546,29 @@ class NodeGroupConfig(_Strict):
         for key, value in self.labels.items():
             if not _LABEL_KEY_RE.fullmatch(key) or not _LABEL_VALUE_RE.fullmatch(value):
                 raise ValueError(f"label {key!r}={value!r} is not a valid Kubernetes label")
+        if self.warm_pool is not None:
+            self._check_warm_pool(self.warm_pool)
         return self
+
+    def _check_warm_pool(self, pool: WarmPoolConfig) -> None:
+        if pool.size is not None and pool.size > self.max_size:
+            raise ValueError(
+                f"warm_pool.size {pool.size} is greater than max_size {self.max_size}: a warm "
+                "server beyond it could never be claimed"
+            )
+        if self.user_data is None and self.user_data_file is None:
+            raise ValueError(
+                "warm_pool needs user data that prepares a server and stops it (user_data or "
+                "user_data_file; docs/install.md#kubeadm-with-a-warm-pool)"
+            )
+        items = [f"{k}={v}" for k, v in self.labels.items()]
+        items += [f"{t.key}={t.value}:{t.effect}" for t in self.taints]
+        for item in items:
+            if len(item) > _METADATA_ITEM_MAX:
+                raise ValueError(
+                    f"{item[:40]}...: with warm_pool each label and taint reaches the node in "
+                    f"server metadata, at most {_METADATA_ITEM_MAX} characters each"
+                )
 
     def _check_user_data_sources(self) -> None:
         if self.user_data is not None and self.user_data_file is not None:
@@ -534,7 +595,15 @@ class NodeGroupConfig(_Strict):
                 "bootstrap_token needs a template to fill ${bootstrap_token} in: user_data or "
                 "user_data_file"
             )
-        if self.user_data is not None and "${bootstrap_token}" not in self.user_data:
+        says_token = self.user_data is not None and "${bootstrap_token}" in self.user_data
+        if self.warm_pool is not None:
+            if says_token:
+                raise ValueError(
+                    "with warm_pool the join token reaches a server at its claim, in its "
+                    "metadata (osas-join-token), not in its user data, which a warm server is "
+                    "prepared with long before: the template must not say ${bootstrap_token}"
+                )
+        elif self.user_data is not None and not says_token:
             raise ValueError(
                 "bootstrap_token is set but user_data never says ${bootstrap_token}: every "
                 "create would mint a token nothing uses"

@@ -16,7 +16,7 @@ from osas.domain.ledger import CreateState, Ledger, LedgerSettings
 from osas.domain.quota import GroupHeadroom, QuotaBook
 from osas.domain.servers import ErrorInfo, Flavor, Server, classify_fault
 from osas.domain.snapshot import Snapshot
-from osas.domain.specs import ClusterSpec, NodeGroupSpec
+from osas.domain.specs import ClusterSpec, NodeGroupSpec, WarmState
 from osas.domain.warm import WarmPool
 
 
@@ -123,10 +123,34 @@ class Inventory:
         (``Ledger.reported_max``); and never more than the project's quota can hold
         (``QuotaBook``), so that CA plans no scale-up that would fail."""
         reported = self.ledger.reported_max(spec.group_id, spec.max_size, spec.min_size, now)
-        room = self.headroom(spec.group_id).count
+        room = self.scale_up_room(spec)
         if room is None:
             return reported
         return min(reported, max(spec.min_size, self.target_size(spec.group_id) + room))
+
+    def scale_up_room(self, spec: NodeGroupSpec) -> int | None:
+        """How many more servers of the group a scale-up can have now (None: no limit): the
+        quota's headroom, plus the warm servers ready to claim that no create queued will
+        take (a claim needs no new quota: the server holds it already; an offloaded one needs
+        its cores and RAM back, which the quota bounds)."""
+        room = self.headroom(spec.group_id)
+        if room.count is None or spec.warm_pool is None:
+            return room.count
+        return room.count + self.claimable(spec)
+
+    def claimable(self, spec: NodeGroupSpec) -> int:
+        """Ready warm servers of the group left for scale-ups to come: those no queued create
+        will take first."""
+        ready = self.warm.claimable(spec.group_id)
+        if not ready:
+            return 0
+        ready -= self.ledger.queued(spec.group_id)
+        if spec.warm_pool is not None and spec.warm_pool.state is WarmState.SHELVED_OFFLOADED:
+            # Unshelving takes cores and RAM again, but no new instance.
+            compute = self.headroom(spec.group_id).by_resource
+            bounds = [compute[r] for r in ("cores", "ram_mib") if compute.get(r) is not None]
+            ready = min([ready, *[b for b in bounds if b is not None]])
+        return max(0, ready)
 
     def instances(self, group_id: str) -> list[Instance]:
         """What NodeGroupNodes reports: one Instance per server and per create in hand."""
@@ -139,7 +163,7 @@ class Inventory:
             elif server.status == "ERROR":
                 error = classify_fault(server.fault)
                 result.append(Instance(instance_id, InstanceState.CREATING, error))
-            elif server.status == "BUILD":
+            elif server.status == "BUILD" or server.is_starting:
                 result.append(Instance(instance_id, InstanceState.CREATING))
             else:
                 result.append(Instance(instance_id, InstanceState.RUNNING))

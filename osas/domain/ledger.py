@@ -151,10 +151,13 @@ class DeleteReason(StrEnum):
     ORPHAN = "orphan"
     DUPLICATE = "duplicate"  # a second server of a create this process sent
     RESEND = "resend"  # sent long ago, and the server is still listed
+    # A server claimed from a warm pool that was not ACTIVE within the pool's start_timeout
+    # of its claim (the claim mark in Nova says when): a cold create takes its place.
+    CLAIM_FAILED = "claim-failed"
 
 
 # The reasons osas deletes without CA asking (docs/rpc-semantics.md lists the same).
-OWN_INITIATIVE = frozenset({DeleteReason.ORPHAN, DeleteReason.DUPLICATE})
+OWN_INITIATIVE = frozenset({DeleteReason.ORPHAN, DeleteReason.DUPLICATE, DeleteReason.CLAIM_FAILED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +186,7 @@ class EventKind(StrEnum):
     CREATE_INHERITED = "create-inherited"  # an earlier holder's promise: counted until it lands
     INHERITED_CREATE_LAPSED = "inherited-create-lapsed"  # it did not land within the window
     DELETE_INHERITED = "delete-inherited"  # an earlier holder's accepted delete: sent again
+    CLAIM_REPLACED = "claim-replaced"  # a claimed warm server did not start: a cold create instead
 
 
 @dataclass(frozen=True, slots=True)
@@ -482,6 +486,26 @@ class Ledger:
             self._promised += 1
         return request_ids
 
+    def replace_claim(self, server_id: str, reason: str, now: float) -> tuple[str, Orders] | None:
+        """A server claimed from a warm pool did not start in time (or its start failed): it
+        is marked deleting and a create accepted in its place, in one step, so the group's
+        target does not move and CA's scale-up is kept. The new create's request id, or None
+        when the server is not one of the snapshot's or is being deleted already."""
+        server = self._snapshot.get(server_id)
+        if server is None or server_id in self._deleting or server.is_deleting:
+            return None
+        orders = _Draft()
+        (request_id,) = self.accept_creates(server.group_id, 1, now)
+        self._mark(server_id, server.group_id, DeleteReason.CLAIM_FAILED, now, orders)
+        orders.event(
+            EventKind.CLAIM_REPLACED,
+            server.group_id,
+            request_id=request_id,
+            server_id=server_id,
+            detail=reason,
+        )
+        return request_id, orders.done()
+
     def refuse_creates(self, group_id: str, count: int, error: ErrorInfo, now: float) -> Orders:
         """IncreaseSize's part that cannot be created (the project's quota has no room for
         it): ``count`` creates failed at once with ``error``, never sent. CA sees them failed
@@ -496,6 +520,14 @@ class Ledger:
         if count:
             self._changed(group_id)
         return orders.done()
+
+    def queued(self, group_id: str) -> int:
+        """The group's creates no worker has taken yet."""
+        return sum(
+            1
+            for create in self._creates_by_group.get(group_id, {}).values()
+            if create.state is CreateState.QUEUED
+        )
 
     def creates_in_hand(self) -> dict[str, int]:
         """Per group, creates in hand that have not failed: queued, being sent, in doubt, or

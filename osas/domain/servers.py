@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,6 +16,18 @@ META_REQUEST = "osas-request-id"
 # On a server prepared for a node group's warm pool while it waits to be claimed: what it was
 # prepared from. Such a server is not a node of the group, and never in CA's view.
 META_WARM = "osas-warm"
+# Beside it, the state the guest is kept in once prepared (the guest reads it: it powers
+# itself off for ``shutoff`` and ``shelved_offloaded``).
+META_WARM_STATE = "osas-warm-state"
+# On a server claimed from a warm pool until it is ACTIVE: when (seconds since the epoch). The
+# claim is kept in Nova, so that whoever holds the lease next finishes it or replaces it.
+META_CLAIMED = "osas-claimed"
+# What a claimed server (and a cold create of a warm-pool group) reads from the metadata
+# service at boot: its join token, and the group's labels and taints, in chunks of at most
+# 255 characters ("osas-node-labels", "osas-node-labels-2"...).
+META_JOIN_TOKEN = "osas-join-token"  # noqa: S105 - a metadata key's name
+META_NODE_LABELS = "osas-node-labels"
+META_NODE_TAINTS = "osas-node-taints"
 TAG_CLUSTER_PREFIX = "osas-cluster="
 TAG_REQUEST_PREFIX = "osas-request="
 
@@ -72,10 +85,19 @@ class Server:
     # Seconds since the epoch (None when Nova gave no time): a float is a third of the text's
     # bytes, and at 50,000 servers the inventory holds one per server.
     created: float | None = None
+    # Claimed from the warm pool and not finished (``META_CLAIMED``): when, since the epoch.
+    claimed_at: float | None = None
 
     @property
     def is_deleting(self) -> bool:
         return self.status in {"DELETED", "SOFT_DELETED"} or self.task_state == "deleting"
+
+    @property
+    def is_starting(self) -> bool:
+        """Claimed from a warm pool, and not running yet: CA sees it creating."""
+        return self.claimed_at is not None and not (
+            self.status == "ACTIVE" and self.task_state is None
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +148,8 @@ class OwnershipMarks:
         if not group_id or META_WARM in metadata:
             return None  # a warm server is no node of the group until claimed (``warm``)
         status, request_id = record.status.upper(), metadata.get(META_REQUEST)
+        claimed = metadata.get(META_CLAIMED)
+        claimed_at = None if claimed is None else _claim_time(claimed)
         if (
             known is not None
             and known.server_id == record.server_id
@@ -135,6 +159,7 @@ class OwnershipMarks:
             and known.group_id == group_id
             and known.request_id == request_id
             and known.fault == record.fault
+            and known.claimed_at == claimed_at
         ):
             return known
         # Group ids, statuses and task states repeat across thousands of servers: one copy each.
@@ -147,6 +172,7 @@ class OwnershipMarks:
             request_id=request_id,
             fault=record.fault,
             created=epoch_seconds(record.created),
+            claimed_at=claimed_at,
         )
 
     def warm(self, record: ServerRecord) -> WarmServer | None:
@@ -171,6 +197,16 @@ class OwnershipMarks:
             prepared_from=prepared_from,
             created=epoch_seconds(record.created),
         )
+
+
+def _claim_time(text: str) -> float:
+    """The claim mark's time; one that is not a number (written by hand) reads as the epoch,
+    so that its claim is long overdue rather than never."""
+    try:
+        when = float(text)
+    except ValueError:
+        return 0.0
+    return when if math.isfinite(when) else 0.0
 
 
 def epoch_seconds(iso: str) -> float | None:

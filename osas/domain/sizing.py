@@ -73,11 +73,10 @@ def plan_increase(
             f"size increase too large: target {target} + {delta} exceeds max size "
             f"{spec.max_size} of node group {group_id!r}"
         )
-    headroom = inventory.headroom(group_id)
-    if headroom.count is None or headroom.count >= delta:
+    fits = inventory.scale_up_room(spec)
+    if fits is None or fits >= delta:
         return IncreasePlan(delta)
-    fits = headroom.count
-    limiting = headroom.limiting()
+    limiting = inventory.headroom(group_id).limiting()
     error = ErrorInfo(
         "QuotaExceeded",
         f"the project's quota holds {fits} more server(s) of node group {group_id!r} "

@@ -73,6 +73,8 @@ class Snapshot:
     _counted: dict[str, int] = field(default_factory=dict)
     # Ids of servers listed BUILD: few, and read again by every incremental sync.
     _building: set[str] = field(default_factory=set)
+    # Ids of servers claimed from a warm pool whose claim is not finished: few.
+    _claimed: set[str] = field(default_factory=set)
     listed_at: float | None = None  # when the last listing was applied; None before the first
     flavors_version: int = 0  # bumped whenever a group's flavor changes
 
@@ -105,6 +107,10 @@ class Snapshot:
     def building(self) -> list[str]:
         """Ids of the servers last listed BUILD."""
         return list(self._building)
+
+    def claimed(self) -> list[Server]:
+        """Servers claimed from a warm pool whose claim is not finished (the claim mark)."""
+        return [self._servers[server_id] for server_id in self._claimed]
 
     def named(self, name: str) -> list[Server]:
         return [self._servers[server_id] for server_id in _ids(self._by_name.get(name))]
@@ -198,6 +204,8 @@ class Snapshot:
         self._count(server, +1)
         if server.status == "BUILD":
             self._building.add(server_id)
+        if server.claimed_at is not None:
+            self._claimed.add(server_id)
         self._touch(group_id)
 
     def _remove(self, server: Server) -> None:
@@ -212,6 +220,7 @@ class Snapshot:
             _drop(self._by_request, server.request_id, server_id)
         self._count(server, -1)
         self._building.discard(server_id)
+        self._claimed.discard(server_id)
         self._touch(server.group_id)
 
 

@@ -44,6 +44,36 @@ class BootstrapTokenSpec:
     ttl: float = 1800.0
 
 
+class WarmState(StrEnum):
+    """The state a warm pool keeps its servers in, and what each costs (docs/configuration.md):
+    every one holds an instance of the quota; all but ``shelved_offloaded`` hold their cores,
+    RAM and place on a host, so that starting one needs no scheduling."""
+
+    SHUTOFF = "shutoff"
+    PAUSED = "paused"
+    SUSPENDED = "suspended"
+    SHELVED_OFFLOADED = "shelved_offloaded"
+
+    @property
+    def holds_compute(self) -> bool:
+        """Whether a server waiting in this state keeps its cores, RAM and host."""
+        return self is not WarmState.SHELVED_OFFLOADED
+
+
+@dataclass(frozen=True, slots=True)
+class WarmPoolSpec:
+    """A node group's warm pool: servers prepared once and kept in ``state``, claimed by
+    IncreaseSize before any cold create."""
+
+    size: int | None = None  # None: up to max_size - target
+    state: WarmState = WarmState.SHUTOFF
+    max_age: float = 7 * 24 * 3600.0  # older prepared servers are replaced
+    # A claimed server not ACTIVE this long after its claim is replaced by a cold create.
+    start_timeout: float = 120.0
+    # A server still preparing this long after its create is replaced.
+    prepare_timeout: float = 1800.0
+
+
 @dataclass(frozen=True, slots=True)
 class OptionOverrides:
     """Per-group autoscaling options; None keeps the Cluster Autoscaler's own default."""
@@ -92,6 +122,7 @@ class NodeGroupSpec:
     taints: tuple[Taint, ...] = ()
     gpu: GpuSpec | None = None
     options: OptionOverrides = field(default_factory=OptionOverrides)
+    warm_pool: WarmPoolSpec | None = None
     price_per_hour: float | None = None
     max_pods: int = 110
     architecture: str = "amd64"

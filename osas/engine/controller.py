@@ -356,6 +356,13 @@ class NodeGroupView:
         plan = plan_increase(controller.cluster, inventory, group_id, delta, now)
         controller.queue.ensure_room(plan.creates)
         controller.check_record_room(plan.creates)
+        # Creates that will claim a warm server take no new quota (an offloaded one takes its
+        # cores and RAM back: counted as spent, on the safe side).
+        warm = inventory.claimable(self.spec)
+        if self.spec.warm_pool is not None and self.spec.warm_pool.state.holds_compute:
+            cold = max(0, plan.creates - warm)
+        else:
+            cold = plan.creates
         request_ids = inventory.ledger.accept_creates(group_id, plan.creates, now)
         try:
             await controller.keep_promises(time_left)
@@ -366,7 +373,7 @@ class NodeGroupView:
         # more, and a worker would drop them anyway.
         wanted = [rid for rid in request_ids if inventory.ledger.create(rid) is not None]
         controller.queue.put_new([CreateTask(request_id, group_id) for request_id in wanted])
-        inventory.quota.spend(group_id, plan.creates)
+        inventory.quota.spend(group_id, cold)
         controller.count_creates(group_id, plan.creates)
         if plan.error is not None:
             refused = inventory.ledger.refuse_creates(group_id, plan.refused, plan.error, now)

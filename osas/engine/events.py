@@ -36,6 +36,7 @@ _EVENT_LEVELS: dict[EventKind, int] = {
     EventKind.CREATE_INHERITED: logging.INFO,
     EventKind.INHERITED_CREATE_LAPSED: logging.INFO,
     EventKind.DELETE_INHERITED: logging.INFO,
+    EventKind.CLAIM_REPLACED: logging.WARNING,
 }
 
 _DELETE_LEVELS: dict[DeleteReason, int] = {
@@ -44,6 +45,7 @@ _DELETE_LEVELS: dict[DeleteReason, int] = {
     DeleteReason.ORPHAN: logging.WARNING,
     DeleteReason.DUPLICATE: logging.WARNING,
     DeleteReason.RESEND: logging.INFO,
+    DeleteReason.CLAIM_FAILED: logging.WARNING,
 }
 
 

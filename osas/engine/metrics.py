@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from osas.domain.ledger import DeleteReason, EventKind, Orders
 from osas.domain.problems import GroupProblem, GroupProblemChange, Problem, ProblemChange
@@ -103,9 +103,56 @@ class EngineMetrics:
             ["group", "problem"],
             registry=registry,
         )
+        self.warm_claims = Counter(
+            "osas_warm_claims",
+            "Creates and their warm servers, by node group and outcome: claimed (a warm "
+            "server took the create), replaced (a claimed server did not start in time, or "
+            "its start failed: a cold create took its place).",
+            ["group", "outcome"],
+            registry=registry,
+        )
+        self.warm_refills = Counter(
+            "osas_warm_refills",
+            "Servers created to fill each node group's warm pool.",
+            ["group"],
+            registry=registry,
+        )
+        self.warm_recycled = Counter(
+            "osas_warm_recycled",
+            "Warm servers deleted, by node group and reason: stale (prepared from another "
+            "image, flavor, user data or template), aged (past max_age), failed, "
+            "prepare-timeout, unconfigured (its group has no pool).",
+            ["group", "reason"],
+            registry=registry,
+        )
+        self.warm_wanted = Gauge(
+            "osas_warm_pool_wanted",
+            "Servers each node group's warm pool should hold now (its size, at most max_size "
+            "less the target).",
+            ["group"],
+            registry=registry,
+        )
+        self.warm_ready = Gauge(
+            "osas_warm_pool_ready",
+            "Servers of each node group's warm pool ready to be claimed.",
+            ["group"],
+            registry=registry,
+        )
+        self.warm_unfilled = Gauge(
+            "osas_warm_pool_unfilled",
+            "1 while a node group's warm pool is short and cannot be filled (the reason is "
+            "in /status and the log), else 0.",
+            ["group"],
+            registry=registry,
+        )
         for problem in Problem:
             self.problems_detected.labels(problem.value)
         self.add_groups(cluster)
+
+    def record_warm_pool(self, group: str, wanted: int, ready: int, why_not: str | None) -> None:
+        self.warm_wanted.labels(group).set(wanted)
+        self.warm_ready.labels(group).set(ready)
+        self.warm_unfilled.labels(group).set(1 if why_not is not None and ready < wanted else 0)
 
     def add_place(self, place: tuple[str, str]) -> None:
         """Series for a place's syncs (cloud, region), so that they read 0 rather than nothing."""

@@ -19,8 +19,10 @@ from osas.domain.inventory import Inventory
 from osas.domain.ledger import CreateState, Ledger
 from osas.domain.problems import GROUP_PROBLEM_ADVICE, GroupProblem, Problem
 from osas.domain.servers import Server, classify_fault
+from osas.domain.specs import NodeGroupSpec
 from osas.engine.queue import TaskQueue
 from osas.engine.reconciler import Reconciler
+from osas.engine.warm import WarmKeeper
 
 SERVER_STATES = ("running", "creating", "deleting", "error")
 CREATE_STATES = tuple(state.value.replace("-", "_") for state in CreateState)
@@ -149,12 +151,20 @@ class PlaceSources:
     queue: TaskQueue
     reconciler: Reconciler
     census: Census
+    keeper: WarmKeeper | None = None
 
     @classmethod
     def of(
-        cls, cloud: str, region: str, inventory: Inventory, queue: TaskQueue, reconciler: Reconciler
+        cls,
+        cloud: str,
+        region: str,
+        inventory: Inventory,
+        queue: TaskQueue,
+        reconciler: Reconciler,
+        *,
+        keeper: WarmKeeper | None = None,
     ) -> PlaceSources:
-        return cls(cloud, region, inventory, queue, reconciler, Census(inventory))
+        return cls(cloud, region, inventory, queue, reconciler, Census(inventory), keeper)
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,15 +327,33 @@ def _groups(place: PlaceSources, now: float) -> list[dict[str, Any]]:
                 "servers": census.servers(group_id),
                 "creates": census.creates(group_id),
                 "failures": census.failures(group_id),
-                # Servers prepared for the group and waiting to be claimed, by Nova's status:
-                # never in CA's view nor in the counts above.
-                "warm_pool": {
-                    "servers": len(inventory.warm.of_group(group_id)),
-                    "by_status": inventory.warm.census(group_id),
-                },
+                "warm_pool": _warm_pool(place, spec),
             }
         )
     return groups
+
+
+def _warm_pool(place: PlaceSources, spec: NodeGroupSpec) -> dict[str, Any]:
+    """Servers prepared for the group and waiting to be claimed, by Nova's status (never in
+    CA's view nor in the counts beside), and what the keeper's last pass made of the pool."""
+    pool, group_id = place.inventory.warm, spec.group_id
+    found: dict[str, Any] = {
+        "servers": len(pool.of_group(group_id)),
+        "by_status": pool.census(group_id),
+    }
+    if spec.warm_pool is None:
+        return found
+    found["state"] = spec.warm_pool.state.value
+    kept = None if place.keeper is None else place.keeper.states.get(group_id)
+    if kept is not None:
+        found.update(
+            wanted=kept.wanted,
+            ready=kept.ready,
+            preparing=kept.preparing,
+            refilling=kept.refilling,
+            why_not=kept.why_not,
+        )
+    return found
 
 
 def build_status(sources: StatusSources) -> dict[str, Any]:

@@ -5,6 +5,7 @@ configuration. Files are read when a create is built and read again only once th
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -92,16 +93,54 @@ class Unfilled:
         return f"${{{self.name}}} (line {self.line})"
 
 
+def token_in_user_data(spec: NodeGroupSpec) -> bool:
+    """Whether the group's minted join token is filled in its user data: not for a group
+    with a warm pool, whose servers get theirs in metadata at their claim (``node_metadata``)."""
+    return spec.bootstrap_token is not None and spec.warm_pool is None
+
+
 def template_variables(spec: NodeGroupSpec) -> frozenset[str]:
     """The variables a group's template may name besides osas's own: its ``user_data_vars``,
-    and the minted token where the group has one."""
-    minted = {BOOTSTRAP_TOKEN_VARIABLE} if spec.bootstrap_token is not None else set()
+    and the minted token where the group fills one in."""
+    minted = {BOOTSTRAP_TOKEN_VARIABLE} if token_in_user_data(spec) else set()
     return frozenset(spec.user_data_vars).union(minted)
 
 
 def mints_unused_tokens(spec: NodeGroupSpec, template: str) -> bool:
     """The group mints a join token per create that its template never fills in."""
-    return spec.bootstrap_token is not None and f"${{{BOOTSTRAP_TOKEN_VARIABLE}}}" not in template
+    return token_in_user_data(spec) and f"${{{BOOTSTRAP_TOKEN_VARIABLE}}}" not in template
+
+
+def warm_fingerprint(spec: NodeGroupSpec, files: SecretFiles) -> str:
+    """What a warm server of the group is prepared from, in a few characters (the warm
+    mark's value): its image, flavor, networks and the rest of its create, its user data
+    template and variables, its labels, taints and the state it waits in. A server prepared
+    from anything else is replaced. Raises UserDataError as ``build_user_data`` does."""
+    read = read_template(spec, files)
+    variables = {
+        variable: files.read(path, f"node group {spec.group_id!r}: user_data_vars.{variable}")
+        for variable, path in sorted(spec.user_data_vars.items())
+    }
+    boot = spec.boot_volume
+    described = {
+        "flavor": spec.flavor,
+        "image": spec.image,
+        "networks": list(spec.networks),
+        "key_name": spec.key_name,
+        "security_groups": list(spec.security_groups),
+        "availability_zone": spec.availability_zone,
+        "server_group": spec.server_group,
+        "boot_volume": None if boot is None else [boot.size_gib, boot.volume_type],
+        "metadata": dict(spec.metadata),
+        "labels": dict(spec.labels),
+        "taints": [[t.key, t.value, t.effect.value] for t in spec.taints],
+        "state": None if spec.warm_pool is None else spec.warm_pool.state.value,
+        "format": spec.user_data_format,
+        "template": None if read is None else read[0],
+        "variables": variables,
+    }
+    digest = hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
+    return f"v1-{digest[:32]}"
 
 
 def unfilled_placeholders(template: str, variables: Iterable[str]) -> tuple[Unfilled, ...]:
@@ -179,7 +218,7 @@ def build_user_data(
     Raises UserDataError when a file is missing, unreadable or too large, when a ``json``
     template is not JSON, or when the result exceeds what Nova accepts."""
     group = spec.group_id
-    if (spec.bootstrap_token is None) != (bootstrap_token is None):
+    if token_in_user_data(spec) != (bootstrap_token is not None):
         raise ValueError(f"node group {group!r}: a minted token goes with a bootstrap_token block")
     read = read_template(spec, files)
     if read is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import anyio
@@ -16,13 +17,16 @@ from osas.domain.ledger import (
     Created,
     CreateOutcome,
     DeleteOutcome,
+    InDoubt,
     NotSent,
     Orders,
     Refused,
 )
-from osas.domain.servers import ErrorClass, ErrorInfo, OwnershipMarks
+from osas.domain.servers import ErrorClass, ErrorInfo, OwnershipMarks, ServerRecord
 from osas.domain.specs import ClusterSpec, NodeGroupSpec
+from osas.domain.warm import SHELVED, claim_metadata, claimable_by
 from osas.election.port import JoinTokenError, JoinTokens
+from osas.engine.creates import create_request
 from osas.engine.deletes import ServerDeleter
 from osas.engine.events import carry_out, log_orders
 from osas.engine.metrics import EngineMetrics
@@ -31,58 +35,23 @@ from osas.engine.settings import EngineSettings
 from osas.engine.userdata import (
     SecretFiles,
     UserDataError,
-    build_user_data,
     mints_unused_tokens,
     read_template,
     template_variables,
     unfilled_hint,
     unfilled_placeholders,
 )
+from osas.engine.warm import WarmKeeper
 
 logger = structlog.get_logger(__name__)
 # The longest wait between two sends of a create that never reached Nova (refused
 # credentials can last until an operator fixes them).
 _MAX_RETRY_DELAY = 30.0
+# Warm servers a create tries to claim before it goes cold (one gone or changed meanwhile).
+_CLAIM_TRIES = 3
 
 
 __all__ = ["Workers"]
-
-
-def create_request(
-    cluster: ClusterSpec,
-    spec: NodeGroupSpec,
-    request_id: str,
-    files: SecretFiles | None = None,
-    *,
-    bootstrap_token: str | None = None,
-) -> CreateServerRequest:
-    """The create for one server, with the token minted for it where its group has one.
-    Raises UserDataError when its user data cannot be built (files are read through
-    ``files``, which re-reads them only when they changed)."""
-    marks = OwnershipMarks(cluster.cluster_name)
-    name = server_name(cluster.cluster_name, spec.group_id, request_id)
-    user_data = build_user_data(
-        spec,
-        cluster_name=cluster.cluster_name,
-        name=name,
-        files=files or SecretFiles(),
-        bootstrap_token=bootstrap_token,
-    )
-    return CreateServerRequest(
-        name=name,
-        flavor=spec.flavor,
-        image=spec.image,
-        networks=spec.networks,
-        # Ownership marks last: operator metadata can never forge or erase them.
-        metadata={**spec.metadata, **marks.metadata(spec.group_id, request_id)},
-        tags=marks.tags(request_id),
-        user_data=user_data,
-        key_name=spec.key_name,
-        security_groups=spec.security_groups,
-        availability_zone=spec.availability_zone,
-        server_group=spec.server_group,
-        boot_volume=spec.boot_volume,
-    )
 
 
 class Workers:
@@ -122,6 +91,8 @@ class Workers:
         # Per create that may be sent again, the token minted for it and until when it is
         # used again (half its life): a resend joins with it rather than minting another.
         self._minted: dict[str, tuple[str, float]] = {}
+        # Keeps the warm pools and starts claimed servers (set by the place's engine).
+        self.keeper: WarmKeeper | None = None
 
     @property
     def _cluster(self) -> ClusterSpec:
@@ -284,6 +255,11 @@ class Workers:
         if spec is None:  # removed between two sends of a create that never reached Nova
             message = f"node group {task.group_id!r} is no longer configured"
             return Refused(ErrorInfo("NodeGroupRemoved", message, ErrorClass.OTHER))
+        keeper = self.keeper
+        if spec.warm_pool is not None and keeper is not None and keeper.may_claim(task.request_id):
+            claimed = await self._claim(task, spec, keeper, log)
+            if claimed is not None:
+                return claimed
         token = None
         if spec.bootstrap_token is not None:
             minted = await self._join_token(task, spec, spec.bootstrap_token.ttl, log)
@@ -303,6 +279,68 @@ class Workers:
             log.error("user data cannot be built; create refused", reason=str(exc))
             return Refused(ErrorInfo("UserDataUnavailable", str(exc), ErrorClass.OTHER))
         return await self._send_create(request)
+
+    async def _claim(
+        self, task: CreateTask, spec: NodeGroupSpec, keeper: WarmKeeper, log: structlog.BoundLogger
+    ) -> CreateOutcome | None:
+        """The create fulfilled by a server of the group's warm pool: its metadata replaced
+        in one write (the warm mark off; the request id, the claim mark and what the node
+        joins with on), then started by the keeper. None when no warm server could be
+        claimed: the create goes cold, at once."""
+        pool = self._inventory.warm
+        for _ in range(_CLAIM_TRIES):
+            server = pool.take(spec.group_id)
+            if server is None:
+                return None
+            started = server.status in SHELVED
+            if started and not await keeper.unshelve_for_claim(server, spec):
+                pool.release(server.server_id)
+                log.info("warm server did not come up; creating cold", server_id=server.server_id)
+                return None
+            token = await self._claim_token(task, spec, log)
+            if token is not None and not isinstance(token, str):
+                pool.release(server.server_id)
+                return token
+            metadata = claim_metadata(self._marks, spec, task.request_id, time.time(), token)
+            still = claimable_by(self._marks, spec.group_id, task.request_id, started=started)
+            try:
+                written = await self._cloud.replace_metadata_if(server.server_id, metadata, still)
+            except CloudUnavailable as exc:
+                # The write may have landed: the server stays reserved, and the create waits
+                # for a listing to show it (or not) as for any create in doubt.
+                keeper.in_doubt(server.server_id)
+                log.warning("claim of a warm server in doubt", server_id=server.server_id)
+                return InDoubt(f"claim of warm server {server.server_id}: {exc}")
+            except CloudError as exc:
+                pool.release(server.server_id)
+                log.info(
+                    "warm server not claimed; creating cold",
+                    server_id=server.server_id,
+                    reason=str(exc),
+                )
+                break
+            claimed = None if not isinstance(written, ServerRecord) else self._marks.claim(written)
+            if claimed is None or claimed.claimed_at is None:
+                pool.release(server.server_id)
+                continue  # gone, or no longer warm: the next one
+            keeper.watch(claimed)
+            keeper.count_claim(spec.group_id, "claimed")
+            log.info("warm server claimed", server_id=claimed.server_id, status=claimed.status)
+            return Created(claimed)
+        return None
+
+    async def _claim_token(
+        self, task: CreateTask, spec: NodeGroupSpec, log: structlog.BoundLogger
+    ) -> str | CreateOutcome | None:
+        """The join token a claimed server gets in its metadata (None for a group without
+        ``bootstrap_token``), or why the create cannot go on, as for a cold create."""
+        if spec.bootstrap_token is None:
+            return None
+        minted = await self._join_token(task, spec, spec.bootstrap_token.ttl, log)
+        if isinstance(minted, str) and not self._may_write():
+            info = ErrorInfo("NotLeader", "not the leader any more", ErrorClass.OTHER)
+            return NotSent(info, counts=False)
+        return minted
 
     async def _join_token(
         self, task: CreateTask, spec: NodeGroupSpec, ttl: float, log: structlog.BoundLogger

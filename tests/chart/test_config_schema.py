@@ -235,6 +235,18 @@ FIELDS = field_table() + FORMS
 
 # Checks across keys: each with one side of its line and the other.
 CROSS = {
+    "warm-pool-over-max": [
+        (("node_groups", 0, "warm_pool"), {"size": 10}),
+        (("node_groups", 0, "warm_pool"), {"size": 11}),
+    ],
+    "warm-pool-needs-user-data": [
+        (("node_groups",), [{**GROUP, "warm_pool": {}}]),
+        (("node_groups",), [{**GROUP, "user_data": None, "warm_pool": {}}]),
+    ],
+    "warm-pool-token-in-metadata": [
+        (("node_groups",), [{**MINTING, "warm_pool": {}}]),
+        (("node_groups",), [{**MINTING, "user_data": "#cloud-config\n", "warm_pool": {}}]),
+    ],
     "min-over-max": [
         (("node_groups", 0, "min_size"), 10),
         (("node_groups", 0, "min_size"), 11),

@@ -472,13 +472,26 @@ the pod at its start (with Recreate, an upgrade would take osas down). */}}
 {{- if not (or $inline $file) }}
 {{- fail (printf "%s: bootstrap_token needs a template to fill ${bootstrap_token} in: user_data or user_data_file" $where) }}
 {{- end }}
-{{- if and $inline (not (contains "${bootstrap_token}" $group.user_data)) }}
+{{- $warm := not (kindIs "invalid" $group.warm_pool) }}
+{{- if and $inline $warm (contains "${bootstrap_token}" $group.user_data) }}
+{{- fail (printf "%s: with warm_pool the join token reaches a server at its claim, in its metadata (osas-join-token): the template must not say ${bootstrap_token}" $where) }}
+{{- end }}
+{{- if and $inline (not $warm) (not (contains "${bootstrap_token}" $group.user_data)) }}
 {{- fail (printf "%s: bootstrap_token is set but user_data never says ${bootstrap_token}: every create would mint a token nothing uses" $where) }}
 {{- end }}
 {{- with (default (dict) $group.options).max_node_provision_time }}
 {{- if lt $ttl (include "osas.seconds" . | float64) }}
 {{- fail (printf "%s: bootstrap_token.ttl (%ss) is shorter than options.max_node_provision_time: a server that joins late but in time for CA would find its token expired" $where (toString $ttl)) }}
 {{- end }}
+{{- end }}
+{{- end }}
+{{- if not (kindIs "invalid" $group.warm_pool) }}
+{{- $pool := $group.warm_pool }}
+{{- if and (hasKey $pool "size") (not (kindIs "invalid" $pool.size)) (gt (int $pool.size) (int $group.max_size)) }}
+{{- fail (printf "%s: warm_pool.size %d is greater than max_size %d: a warm server beyond it could never be claimed" $where (int $pool.size) (int $group.max_size)) }}
+{{- end }}
+{{- if not (or $inline $file) }}
+{{- fail (printf "%s: warm_pool needs user data that prepares a server and stops it (user_data or user_data_file)" $where) }}
 {{- end }}
 {{- end }}
 {{- if hasKey $seen $group.id }}
