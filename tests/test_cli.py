@@ -98,8 +98,8 @@ def test_demo_runs_to_completion():
     )
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
-    for step in range(1, 11):
-        assert f"[{step}/10]" in out
+    for step in range(1, 12):
+        assert f"[{step}/11]" in out
     assert "errorCode=QuotaExceeded class=1" in out
     assert "servers left in Nova: 1" in out
     # A second group in RegionTwo: that region fails (its scale-ups refused), the first scales
@@ -115,7 +115,30 @@ def test_demo_runs_to_completion():
     # RegionTwo recovers, and its group scales on.
     assert "RegionTwo recovered and workers-two scaled on; " in out
     assert "servers in Nova: RegionOne 3, RegionTwo 3" in out
+    # RegionThree: a warm scale-up beside a cold one, at the same moment; the pool refills.
+    assert "build 3 s, start 0.5 s, a warm guest's preparation 1 s (simulated)" in out
+    full = "/status: warm pool of workers-warm: 2 ready of 2 wanted, 0 preparing, 0 refilling"
+    assert out.count(full) == 2  # filled before the scale-ups, and again after
+    warm = re.search(
+        r"workers-warm: node running (\d+\.\d) s after the call: claimed from the pool "
+        r"\(server [0-9a-f-]{36}\), metadata replaced, started; its console says osas-node-joined",
+        out,
+    )
+    cold = re.search(
+        r"workers-cold: node running (\d+\.\d) s after the call: created and built from the "
+        r"image",
+        out,
+    )
+    assert warm, out
+    assert cold, out
+    assert float(warm[1]) < float(cold[1])
+    assert float(cold[1]) >= 3.0  # the build takes 3 s
+    assert re.search(r"the warm scale-up ran \d+\.\d s sooner", out)
+    assert out.index(warm[0]) > out.index(full)
+    assert "workers-warm's pool is full again: 2 ready; servers in RegionThree's Nova: 4 " in out
     assert "osas-sim, region RegionTwo (workers-two): last sync" in out  # osas status
+    assert "warm pool workers-warm (shutoff): ready 2 of 2, preparing 0, refilling 0\n" in out
+    assert "warm pool workers-cold" not in out
     assert "osas status --url http://127.0.0.1:" in out  # read over HTTP from metrics_listen
     assert "GROUP" in out
     assert "failures CA sees: none" in out

@@ -175,6 +175,39 @@ def _quota_line(groups: list[dict[str, Any]]) -> str:
     return "quota headroom: " + ", ".join(parts) + f" ({bound})"
 
 
+def _warm_pool_lines(groups: list[dict[str, Any]]) -> list[str]:
+    """Each group's warm pool, one line each: the state its servers wait in, how many are ready
+    of those wanted, how many are on their way, and why it is not filling when it is short;
+    warm servers left of a pool no longer configured."""
+    lines = []
+    for group in groups:
+        pool = group.get("warm_pool") or {}
+        servers = pool.get("servers", 0)
+        if pool.get("state") is None:
+            if servers:
+                lines.append(
+                    f"warm pool {group['id']}: none configured; {servers} warm server(s) of it "
+                    "left, which osas deletes"
+                )
+            continue
+        head = f"warm pool {group['id']} ({pool['state']})"
+        if "wanted" not in pool:
+            census = pool.get("by_status") or {}
+            found = ", ".join(f"{name} {count}" for name, count in sorted(census.items()))
+            lines.append(
+                f"{head}: {servers} server(s){f' ({found})' if found else ''}; not judged yet "
+                "(osas keeps pools once it has synced, and only while it may write)"
+            )
+            continue
+        line = (
+            f"{head}: ready {pool['ready']} of {pool['wanted']}, "
+            f"preparing {pool['preparing']}, refilling {pool['refilling']}"
+        )
+        why_not = pool.get("why_not")
+        lines.append(line + (f"; not filling: {why_not}" if why_not else ""))
+    return lines
+
+
 def _group_problem_lines(status: dict[str, Any]) -> list[str]:
     """Node groups in a problem (``osas.domain.problems.JoinWatch``), one line each."""
     return [
@@ -224,6 +257,7 @@ def render_status(status: dict[str, Any]) -> str:
             for f in group["failures"]
         ]
     lines.append(_quota_line(status["groups"]))
+    lines += _warm_pool_lines(status["groups"])
     lines.append("")
     lines.append("failures CA sees:" if failures else "failures CA sees: none")
     lines += failures
