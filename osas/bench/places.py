@@ -61,7 +61,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import threading
@@ -91,8 +90,7 @@ from osas.bench.processes import (
     machine,
     osas_config,
     rss_mib,
-    stop_process,
-    wait_until_serving,
+    serve_osas,
 )
 from osas.bench.report import HEADER, figure_row, replace_marked_section, verdict
 from osas.bench.results import Figure, Kind
@@ -271,20 +269,7 @@ def write_config(
 
 async def serve(setup: Setup, config: Path, port: int, health: int, name: str) -> Osas:
     """``osas serve`` with this configuration, once SERVING."""
-    log = setup.folder / f"{name}.log"
-    spawned = time.perf_counter()
-    with log.open("wb") as stream:
-        process = subprocess.Popen(  # noqa: S603 - our own command
-            [sys.executable, "-m", "osas", "serve", "--config", str(config)],
-            stdout=subprocess.DEVNULL,
-            stderr=stream,
-        )
-    try:
-        await wait_until_serving(health, process, log, poll=0.01)
-    except BaseException:
-        stop_process(process)
-        raise
-    return Osas(process, port, log, time.perf_counter() - spawned)
+    return await serve_osas(setup, config, port, health, name)
 
 
 async def failed_sync(osas: Osas, region: str) -> None:

@@ -211,6 +211,26 @@ class Osas:
         stop_process(self.process)
 
 
+async def serve_osas(
+    setup: Setup, config: Path, port: int, health: int, name: str, metrics: int = 0
+) -> Osas:
+    """``osas serve`` with this configuration, its log in ``<name>.log``, once SERVING."""
+    log = setup.folder / f"{name}.log"
+    spawned = time.perf_counter()
+    with log.open("wb") as stream:
+        process = subprocess.Popen(  # noqa: S603 - our own command
+            [sys.executable, "-m", "osas", "serve", "--config", str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=stream,
+        )
+    try:
+        await wait_until_serving(health, process, log, poll=0.01)
+    except BaseException:
+        stop_process(process)
+        raise
+    return Osas(process, port, log, time.perf_counter() - spawned, metrics)
+
+
 def stop_process(process: subprocess.Popen[Any], grace: float = 30.0) -> None:
     """SIGTERM, as Kubernetes stops osas; killed if it has not exited ``grace`` seconds later."""
     process.send_signal(signal.SIGTERM)

@@ -16,7 +16,8 @@ burst of 1,000 creates against a cloud that allows 5 a second (``osas.bench.burs
 by the server's CPU at 1k / 5k / 10k nodes (1k / 5k quick; ``osas.bench.caloop``, kept as the
 run labelled ``latest`` beside earlier labelled runs), CA's loop for a healthy place's groups
 while another place is unreachable or holds 50,000 servers (10,000 quick), and memory per place
-(``osas.bench.places``), and the start-up of ``osas serve`` (``osas.bench.startup``).
+(``osas.bench.places``), IncreaseSize to the start of a node for a group with a warm pool beside
+one without (``osas.bench.warm``), and the start-up of ``osas serve`` (``osas.bench.startup``).
 
 The measures are built on the benchmark's kit (``processes``: what they start; ``client``: CA's
 side) and hand their figures (``results``) to the report (``report``); none of those imports
@@ -81,6 +82,12 @@ from osas.bench.report import (
 from osas.bench.results import KINDS, Figure, SizeResult, load_runs, save_run
 from osas.bench.startup import measure_startup
 from osas.bench.takeover import measure_takeover
+from osas.bench.warm import BEGIN as WARM_BEGIN
+from osas.bench.warm import END as WARM_END
+from osas.bench.warm import QUICK as WARM_QUICK
+from osas.bench.warm import Plan as WarmPlan
+from osas.bench.warm import measure_warm
+from osas.bench.warm import section as warm_section
 from osas.engine.settings import ReconcileSettings
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.sim.server import DEFAULT_DOMAIN, DEFAULT_PASSWORD, DEFAULT_PROJECT, DEFAULT_USER
@@ -109,6 +116,7 @@ class Plan:
     burst_rounds: int  # a burst against a rate-limited cloud each (osas.bench.burst)
     ca_loop: CaLoopPlan  # CA's loop by the server's CPU (osas.bench.caloop)
     places: PlacesPlan  # node groups in several places (osas.bench.places)
+    warm: WarmPlan  # warm pools against cold creates (osas.bench.warm)
 
 
 # CA's loop: at 1k / 5k / 10k nodes in full (caloop's defaults), 1k / 5k quick.
@@ -128,6 +136,7 @@ FULL = Plan(
     1,
     CaLoopPlan(),
     PlacesPlan(),
+    WarmPlan(),
 )
 QUICK = Plan(
     (1_000, 5_000),
@@ -145,6 +154,7 @@ QUICK = Plan(
     1,
     CaLoopPlan((1_000, 5_000)),
     PLACES_QUICK,
+    WARM_QUICK,
 )
 # What else the project holds besides the cluster's servers: as many servers of another
 # cluster, 1% of which change every minute in the churn phase.
@@ -726,6 +736,7 @@ async def run(
     ca_loop_only: bool = False,
     ca_loop_label: str = CA_LOOP_LABEL,
     places_only: bool = False,
+    warm_only: bool = False,
 ) -> None:
     with tempfile.TemporaryDirectory(prefix="osas-bench-") as temporary:
         folder = Path(temporary)
@@ -746,6 +757,10 @@ async def run(
             places = await measure_places(plan.places, tls, folder)
             replace_marked_section(out, PLACES_BEGIN, PLACES_END, places_section(places, machine()))
             return
+        if warm_only:
+            warm = await measure_warm(plan.warm, tls, folder)
+            replace_marked_section(out, WARM_BEGIN, WARM_END, warm_section(warm, machine()))
+            return
         results = [await measure_size(plan, size, tls, folder) for size in plan.sizes]
         if sizes_only:
             replace_size_sections(out, results, machine())
@@ -756,6 +771,7 @@ async def run(
         burst = await measure_burst(plan.burst_rounds, tls, folder)
         save_run(out, await measure_caloop(plan.ca_loop, tls, folder, ca_loop_label))
         places = await measure_places(plan.places, tls, folder)
+        warm = await measure_warm(plan.warm, tls, folder)
         startup = await measure_startup(plan.rounds, tls, folder, compare_with)
     write_report(
         out,
@@ -770,6 +786,19 @@ async def run(
     )
     replace_marked_section(out, PROMISES_BEGIN, PROMISES_END, promises)
     replace_marked_section(out, PLACES_BEGIN, PLACES_END, places_section(places, machine()))
+    replace_marked_section(out, WARM_BEGIN, WARM_END, warm_section(warm, machine()))
+
+
+def _places_asked(
+    places: PlacesPlan, sizes: tuple[int, ...] | None, rounds: int | None
+) -> PlacesPlan:
+    """The places measure's plan, ``sizes[0]`` the servers of the place beside the healthy
+    one, ``rounds`` its cycles."""
+    if sizes:
+        places = dataclasses.replace(places, big=sizes[0])
+    if rounds:
+        places = dataclasses.replace(places, rounds=rounds)
+    return places
 
 
 def run_benchmark(
@@ -785,13 +814,16 @@ def run_benchmark(
     ca_loop_only: bool = False,
     ca_loop_label: str = CA_LOOP_LABEL,
     places_only: bool = False,
+    warm_only: bool = False,
 ) -> int:
     """``osas bench``: the plan, with the sizes and rounds asked for, and the report written
     (``start_up_only``, ``takeover_only``, ``ca_loop_only``: only that section of it;
     ``sizes_only``: only the sections per number of servers and their rows among the targets;
-    ``places_only``: only the section on node groups in several places; ``rounds`` then being
-    that measure's rounds, with ``ca_loop_only`` ``sizes`` its node counts, and with
-    ``places_only`` ``sizes`` the servers of the place beside the healthy one, its first).
+    ``places_only``: only the section on node groups in several places; ``warm_only``: only
+    the section on warm pools; ``rounds`` then being that measure's rounds, with
+    ``ca_loop_only`` ``sizes`` its node counts, with ``places_only`` ``sizes`` the servers of
+    the place beside the healthy one, its first; ``warm_only`` takes no ``sizes``: its
+    scale-ups are of 1 to ``osas.bench.warm.Plan.largest`` nodes).
     The CA loop's run is kept next to the report under ``ca_loop_label``, which
     replaces an earlier run of that label alone."""
     if ca_loop_only:
@@ -802,12 +834,10 @@ def run_benchmark(
             ca_loop = dataclasses.replace(ca_loop, rounds=rounds)
         plan = dataclasses.replace(plan, ca_loop=ca_loop)
     elif places_only:
-        places = plan.places
-        if sizes:
-            places = dataclasses.replace(places, big=sizes[0])
+        plan = dataclasses.replace(plan, places=_places_asked(plan.places, sizes, rounds))
+    elif warm_only:
         if rounds:
-            places = dataclasses.replace(places, rounds=rounds)
-        plan = dataclasses.replace(plan, places=places)
+            plan = dataclasses.replace(plan, warm=dataclasses.replace(plan.warm, rounds=rounds))
     else:
         if sizes:
             plan = dataclasses.replace(plan, sizes=sizes)
@@ -826,6 +856,7 @@ def run_benchmark(
             ca_loop_only=ca_loop_only,
             ca_loop_label=ca_loop_label,
             places_only=places_only,
+            warm_only=warm_only,
         )
     )
     print(f"written: {out}")  # noqa: T201

@@ -43,5 +43,6 @@ def run(args: argparse.Namespace) -> int:
         sizes_only=args.sizes_only,
         ca_loop_only=args.ca_loop_only,
         places_only=args.places_only,
+        warm_only=args.warm_only,
         ca_loop_label=args.label,
     )

@@ -308,6 +308,13 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "6), and rewrite only that section of --out",
     )
     bench.add_argument(
+        "--warm-only",
+        action="store_true",
+        help="measure only IncreaseSize to the start of each node, and to its server ACTIVE "
+        "and joined, for a node group with a warm pool beside one without (--rounds: its "
+        "rounds, default 3, --quick 2), and rewrite only that section of --out",
+    )
+    bench.add_argument(
         "--label",
         type=arguments.label,
         default="latest",
