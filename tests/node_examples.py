@@ -7,7 +7,9 @@ exactly the variables that its page has the user create: a variable counts only 
 where the chart mounts that Secret (``userDataSecrets``). Then the real tools judge the result:
 cloud-init's schema validator and its own write_files and runcmd code, ``sh -n``,
 ``ignition-validate``, and a throwaway root in which the join script runs against stubs of
-``kubeadm``, ``systemctl`` and ``curl``.
+``kubeadm``, ``systemctl``, ``poweroff`` and ``curl`` (the metadata service, serving the server
+metadata a test gives). A per-boot script runs again in the same root, as a later boot of the
+same server (a warm pool's: tests/test_node_examples_warm.py).
 
 A tool that is missing skips its check with the reason, unless ``OSAS_REQUIRE_TOOLS=1`` (CI
 installs them) turns that into a failure.
@@ -33,7 +35,7 @@ from typing import Any
 import pytest
 import yaml
 
-from osas.domain.specs import BootstrapTokenSpec, NodeGroupSpec
+from osas.domain.specs import BootstrapTokenSpec, NodeGroupSpec, WarmPoolSpec
 from osas.engine.userdata import (
     SecretFiles,
     build_user_data,
@@ -45,6 +47,8 @@ CLUSTER = "prod-eu1"
 GROUP = "workers"
 SERVER_NAME = f"{CLUSTER}-{GROUP}-5f2a9c"
 INSTANCE_ID = "0c1d2e3f-4a5b-4c6d-8e7f-8091a2b3c4d5"
+# The version the kubeadm stub reports (``kubeadm version -o short``).
+KUBEADM_VERSION = "v1.31.4"
 PROVIDER_ID = f"openstack:///{INSTANCE_ID}"
 # What the files of a bootstrap Secret hold, in the forms the node software expects.
 SAMPLE_VALUES = {
@@ -130,6 +134,10 @@ def secret_commands(script: str) -> list[SecretCommand]:
     Secret gets (``--from-file=key=path``, ``--from-file=path``, ``--from-literal=key=value``)."""
     commands = []
     for line in script.replace("\\\n", " ").splitlines():
+        # Only a line that may be such a command is split: any block is asked (a template's
+        # script may open a quotation a later line closes).
+        if "secret" not in line or "generic" not in line:
+            continue
         words = shlex.split(line, comments=True)
         if "secret" not in words or "generic" not in words:
             continue
@@ -154,6 +162,7 @@ class GroupKeys:
     user_data_vars: dict[str, str]
     user_data_format: str
     minted: bool  # bootstrap_token: osas mints ${bootstrap_token} per server
+    warm: bool  # warm_pool: servers wait prepared; the join token comes in server metadata
 
 
 def _mappings(node: Any) -> Iterator[dict[str, Any]]:
@@ -174,6 +183,7 @@ def group_keys(document: Any) -> list[GroupKeys]:
             user_data_vars=dict(mapping.get("user_data_vars") or {}),
             user_data_format=mapping.get("user_data_format", "text"),
             minted=mapping.get("bootstrap_token") is not None,
+            warm=mapping.get("warm_pool") is not None,
         )
         for mapping in _mappings(document)
         if {"user_data", "user_data_file", "user_data_vars"} & mapping.keys()
@@ -208,6 +218,7 @@ class Example:
     joins: bool  # meant to make a node join (not the simulator's stand-in user data)
     problems: list[str] = field(default_factory=list)
     minted: bool = False  # its group has bootstrap_token: osas fills ${bootstrap_token}
+    warm: bool = False  # its group has a warm_pool: it joins from the server's metadata
 
 
 def _nearest(blocks: list[Block], sections: tuple[str, ...], wanted: Any) -> list[Any]:
@@ -255,6 +266,7 @@ def page_examples(path: Path) -> list[Example]:
         group = keys[0]
         example.user_data_format = group.user_data_format
         example.minted = group.minted
+        example.warm = group.warm
         created = {
             posixpath.join(mounts.get(secret.name, "?"), key)
             for secret in secrets
@@ -290,6 +302,7 @@ def config_examples(path: Path, document: Any, *, joins: bool) -> list[Example]:
             user_data_format=group.user_data_format,
             joins=joins,
             minted=group.minted,
+            warm=group.warm,
         )
         for group in group_keys(document)
         if group.user_data is not None
@@ -327,10 +340,16 @@ def all_examples() -> list[Example]:
 # -- rendering, as osas does it for a create ------------------------------------------------------
 
 
+def fills_token(example: Example) -> bool:
+    """Whether osas fills a minted token in as ``${bootstrap_token}``: for a group that mints,
+    unless it has a warm pool (its servers get the token in metadata at their claim)."""
+    return example.minted and not example.warm
+
+
 def render(example: Example, folder: Path, *, bootstrap_token: str | None = None) -> str:
     """The user data osas would send for a server of ``workers``: the template and each
-    variable's value in files, as the mounted Secret holds them; for a group that mints,
-    ``bootstrap_token`` (its sample unless given) as osas's minted token."""
+    variable's value in files, as the mounted Secret holds them; for a group that fills a
+    minted token in, ``bootstrap_token`` (its sample unless given) as osas's minted token."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "user-data").write_text(example.template)
     files = {}
@@ -348,8 +367,10 @@ def render(example: Example, folder: Path, *, bootstrap_token: str | None = None
         user_data_vars=files,
         user_data_format=example.user_data_format,
         bootstrap_token=BootstrapTokenSpec() if example.minted else None,
+        warm_pool=WarmPoolSpec() if example.warm else None,
     )
-    token = (bootstrap_token or SAMPLE_VALUES["bootstrap_token"]) if example.minted else None
+    filled = bootstrap_token or SAMPLE_VALUES["bootstrap_token"]
+    token = filled if fills_token(example) else None
     text = build_user_data(
         spec, cluster_name=CLUSTER, name=SERVER_NAME, files=SecretFiles(), bootstrap_token=token
     )
@@ -358,7 +379,7 @@ def render(example: Example, folder: Path, *, bootstrap_token: str | None = None
 
 
 def unfilled(example: Example) -> list[str]:
-    variables = [*example.variables, *(["bootstrap_token"] if example.minted else [])]
+    variables = [*example.variables, *(["bootstrap_token"] if fills_token(example) else [])]
     return [str(p) for p in unfilled_placeholders(example.template, variables)]
 
 
@@ -423,23 +444,42 @@ def data_url(source: str) -> bytes:
     return urllib.parse.unquote_to_bytes(payload)
 
 
-# -- a node's first boot, in a throwaway root ------------------------------------------------------
+# -- a node's boots, in a throwaway root ---------------------------------------------------------
 
-# Stubs for what a join calls: they record their arguments; curl answers the metadata service.
+# Stubs for what a join calls: they record their arguments. kubeadm reports a version and, when
+# it joins, leaves kubelet.conf as a join does; curl answers the metadata service with the
+# documents queued in /run/osas-meta (each read takes the next; the last one stays), or with
+# one without server metadata when none is queued.
 _STUB = """#!/bin/sh
 { printf '%s' "${0##*/}"; for a in "$@"; do printf '\\t%s' "$a"; done; echo; } >> /run/osas-calls
 """
+_KUBEADM = (
+    _STUB
+    + f"""case "$1" in
+  version) echo {KUBEADM_VERSION};;
+  join) mkdir -p /etc/kubernetes && echo "# kubeadm join's" >/etc/kubernetes/kubelet.conf;;
+esac
+"""
+)
 _CURL = (
     _STUB
     + """case "$*" in
   *169.254.169.254/openstack/latest/meta_data.json*)
-    printf '{"uuid": "%s", "name": "%s", "availability_zone": "nova", "meta": {}}' \\
-      "$(cat /run/osas-instance-id)" "$(cat /run/osas-server-name)";;
+    set -- /run/osas-meta/*.json
+    if [ -e "$1" ]; then
+      cat "$1"
+      if [ $# -gt 1 ]; then rm "$1"; fi
+    else
+      printf '{"uuid": "%s", "name": "%s", "availability_zone": "nova"}' \\
+        "$(cat /run/osas-instance-id)" "$(cat /run/osas-server-name)"
+    fi;;
   *) exit 22;;
 esac
 """
 )
-STUBBED = ("kubeadm", "systemctl", "k3s", "rke2", "hostnamectl")
+STUBBED = ("kubeadm", "systemctl", "k3s", "rke2", "hostnamectl", "poweroff", "sleep")
+# The consoles a script may write to: files here, read back by the test.
+CONSOLES = ("/dev/console", "/dev/ttyS0")
 _SETUP = """
 set -eu
 root=$1
@@ -453,7 +493,7 @@ exec chroot "$root" "$@"
 
 @dataclass
 class Boot:
-    """What a first boot left: the files under its root, the stubs' calls, how it ended."""
+    """What a boot left: the files under its root, the stubs' calls, how it ended."""
 
     root: Path
     calls: list[list[str]]
@@ -463,6 +503,14 @@ class Boot:
     def read(self, path: str) -> str | None:
         file = self.root / path.lstrip("/")
         return file.read_text() if file.is_file() else None
+
+    def console(self) -> dict[str, list[str]]:
+        """The lines written on each console during this boot."""
+        return {name: (self.read(name) or "").splitlines() for name in CONSOLES}
+
+    def called(self, *prefix: str) -> list[list[str]]:
+        """The stubs' calls that start with ``prefix``."""
+        return [call for call in self.calls if tuple(call[: len(prefix)]) == prefix]
 
 
 @functools.cache
@@ -486,6 +534,7 @@ def new_root(folder: Path) -> Path:
         "tmp",
         "dev",
         "opt/stubs",
+        "opt/boot",
         "var/lib/cloud/data",
         "var/lib/cloud/instance/scripts",
     ):
@@ -495,15 +544,43 @@ def new_root(folder: Path) -> Path:
     for name in ("passwd", "group"):
         shutil.copy(f"/etc/{name}", root / "etc" / name)
     (root / "var/lib/cloud/data/instance-id").write_text(INSTANCE_ID + "\n")
-    (root / "run/osas-instance-id").write_text(INSTANCE_ID)
-    (root / "run/osas-server-name").write_text(SERVER_NAME)
-    (root / "run/osas-calls").write_text("")
     for name in STUBBED:
         (root / "opt/stubs" / name).write_text(_STUB)
+    (root / "opt/stubs/kubeadm").write_text(_KUBEADM)
     (root / "opt/stubs/curl").write_text(_CURL)
     for stub in (root / "opt/stubs").iterdir():
         stub.chmod(0o755)
     return root
+
+
+def metadata_document(meta: dict[str, str] | None) -> dict[str, Any]:
+    """meta_data.json as Nova's metadata service serves it for this server: ``meta``, the
+    server's metadata, only when it has any."""
+    document: dict[str, Any] = {
+        "uuid": INSTANCE_ID,
+        "name": SERVER_NAME,
+        "hostname": SERVER_NAME,
+        "availability_zone": "nova",
+        "launch_index": 0,
+    }
+    if meta:
+        document["meta"] = dict(meta)
+    return document
+
+
+def _power_on(root: Path, metadata: list[dict[str, str]]) -> None:
+    """What each boot starts from: /run empty (a tmpfs), fresh consoles, and the metadata
+    service's answers for this boot, in the order its reads get them."""
+    shutil.rmtree(root / "run")
+    (root / "run/osas-meta").mkdir(parents=True)
+    (root / "run/osas-instance-id").write_text(INSTANCE_ID)
+    (root / "run/osas-server-name").write_text(SERVER_NAME)
+    (root / "run/osas-calls").write_text("")
+    for name in CONSOLES:
+        (root / name.lstrip("/")).write_text("")
+    for index, meta in enumerate(metadata):
+        document = json.dumps(metadata_document(meta))
+        (root / f"run/osas-meta/{index:03}.json").write_text(document)
 
 
 def run_in_root(
@@ -546,23 +623,59 @@ import json, sys
 from cloudinit.config.cc_write_files import write_files
 write_files("write_files", json.load(open(sys.argv[1])), "root:root")
 """
+# cloud-init's scripts_per_boot module: every executable file of the folder, in name order.
+_PER_BOOT = """
+from cloudinit import subp
+subp.runparts("/var/lib/cloud/scripts/per-boot")
+"""
+PER_BOOT = "/usr/bin/python3 /opt/boot/per-boot.py"
 
 
-def boot_cloud_config(text: str, folder: Path) -> Boot:
-    """cloud-init's write_files (its own code) and the runcmd script it writes, run as on a
-    first boot, in a root of their own with the host's /usr read-only and no network."""
+def boot_cloud_config(
+    text: str, folder: Path, *, metadata: list[dict[str, str]] | None = None
+) -> Boot:
+    """A first boot, as cloud-init runs it, in a root of its own with the host's /usr
+    read-only and no network: write_files (its own code; the init stage), then in the final
+    stage the per-boot scripts (its own runparts) and the runcmd script it writes. The
+    metadata service answers with ``metadata`` (one server metadata per read; the last one
+    stays), or with none."""
     require("cloud-init")
     config = yaml.safe_load(text)
     root = new_root(folder)
-    (root / "run/write-files.json").write_text(json.dumps(config.get("write_files") or []))
-    (root / "run/write-files.py").write_text(_WRITE_FILES)
+    _power_on(root, metadata or [])
+    (root / "opt/boot/write-files.json").write_text(json.dumps(config.get("write_files") or []))
+    (root / "opt/boot/write-files.py").write_text(_WRITE_FILES)
+    (root / "opt/boot/per-boot.py").write_text(_PER_BOOT)
     runcmd = root / "var/lib/cloud/instance/scripts/runcmd"
     runcmd.write_text(cloud_init_runcmd(config.get("runcmd") or []))
     runcmd.chmod(0o700)
-    write_files = "/usr/bin/python3 /run/write-files.py /run/write-files.json"
-    script = f"{write_files} && /var/lib/cloud/instance/scripts/runcmd"
+    write_files = "/usr/bin/python3 /opt/boot/write-files.py /opt/boot/write-files.json"
+    script = f"{write_files} && {PER_BOOT} && /var/lib/cloud/instance/scripts/runcmd"
     done = run_in_root(root, ["/bin/sh", "-c", script], {})
     return Boot(root, _calls(root), done.returncode, done.stdout + done.stderr)
+
+
+def boot_again(previous: Boot, metadata: list[dict[str, str]]) -> Boot:
+    """A later boot of the same server (same disk, same instance id): cloud-init runs only its
+    per-boot scripts again; write_files and runcmd ran at the first boot."""
+    root = previous.root
+    _power_on(root, metadata)
+    done = run_in_root(root, ["/bin/sh", "-c", PER_BOOT], {})
+    return Boot(root, _calls(root), done.returncode, done.stdout + done.stderr)
+
+
+def create_metadata(example: Example) -> list[dict[str, str]]:
+    """The server metadata of a cold create of the example's group, as osas sets it: its
+    marks, and for a group with a warm pool (whose template serves its cold creates too) the
+    join token osas minted (the sample here)."""
+    meta = {
+        "osas-cluster": CLUSTER,
+        "osas-node-group": GROUP,
+        "osas-request-id": "7" * 32,
+    }
+    if example.warm and example.minted:
+        meta["osas-join-token"] = SAMPLE_VALUES["bootstrap_token"]
+    return [meta]
 
 
 def boot_ignition(text: str, folder: Path) -> Boot:
@@ -570,6 +683,7 @@ def boot_ignition(text: str, folder: Path) -> Boot:
     enabled unit's ExecStart run as systemd would, with its EnvironmentFile."""
     config = json.loads(text)
     root = new_root(folder)
+    _power_on(root, [])
     for entry in config.get("storage", {}).get("files", []):
         path = root / entry["path"].lstrip("/")
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,7 @@ from node_examples import (
     boot_ignition,
     cloud_init_runcmd,
     cloud_init_schema,
+    create_metadata,
     data_url,
     ignition_validate,
     kubelet_flags,
@@ -64,9 +65,12 @@ def test_the_examples_are_found_where_users_read_them():
         f"{INSTALL}: Step 2: user data and the join token / k3s agent",
         f"{INSTALL}: Step 2: user data and the join token / kubeadm (Kubernetes 1.27 and later)",
         f"{INSTALL}: Step 2: user data and the join token / kubeadm with a token per server",
+        f"{INSTALL}: Step 2: user data and the join token / kubeadm with a warm pool",
     ]
-    (minted,) = [e.name for e in EXAMPLES if e.minted]
-    assert minted.endswith("kubeadm with a token per server")
+    minted = sorted(e.name.rsplit(" / ", 1)[-1] for e in EXAMPLES if e.minted)
+    assert minted == ["kubeadm with a token per server", "kubeadm with a warm pool"]
+    (warm,) = [e.name for e in EXAMPLES if e.warm]
+    assert warm.endswith("kubeadm with a warm pool")
     # The local try's stand-in, which the simulator takes and no node boots.
     assert [e.name for e in EXAMPLES if not e.joins] == ["examples/osas.yaml: inline user_data"]
     assert all(e.kind in {"cloud-config", "ignition"} for e in EXAMPLES)
@@ -134,11 +138,12 @@ def test_a_node_booted_from_an_example_joins_with_its_provider_id(example, tmp_p
     text = render(example, tmp_path / "secret")
     if example.kind == "cloud-config":
         assert yaml.safe_load(text).get("hostname") == SERVER_NAME
-        boot = boot_cloud_config(text, tmp_path)
+        boot = boot_cloud_config(text, tmp_path, metadata=create_metadata(example))
     else:
         boot = boot_ignition(text, tmp_path)
         assert boot.read("/etc/hostname").strip() == SERVER_NAME
     assert boot.returncode == 0, boot.output
+    assert boot.called("poweroff") == [], "a node that joins stays up"
     flags = kubelet_flags(boot)
     assert flag(flags, "--provider-id") == PROVIDER_ID, flags
     assert "osas/node-group=workers" in (flag(flags, "--node-labels") or "").split(","), flags
@@ -160,7 +165,7 @@ async def test_the_per_server_token_example_joins_with_a_token_that_authenticate
     """The page's template rendered with a token osas minted (against the Kubernetes stand-in,
     whose authenticator has the API server's rules) and booted: kubeadm join gets that token,
     and it authenticates as a kubeadm node bootstrapper."""
-    (example,) = [e for e in EXAMPLES if e.minted]
+    (example,) = [e for e in EXAMPLES if e.minted and not e.warm]
     with KubeStandIn() as standin:
         tokens = BootstrapTokens(
             standin.write_kubeconfig(tmp_path / "kubeconfig"), cluster_name=CLUSTER
