@@ -23,7 +23,9 @@ from support import (
     seed_ours,
 )
 
-from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST, META_WARM
+from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST, META_WARM, WarmServer
+from osas.domain.specs import NodeGroupSpec, WarmPoolSpec, WarmState
+from osas.domain.warm import WarmPool, plan_pool
 from osas.engine.userdata import SecretFiles, warm_fingerprint
 from osas.sim import SimulatedOpenStack
 from osas.sim.model import FakeNova, FakeServer
@@ -150,3 +152,84 @@ async def test_a_look_alike_warm_server_of_another_cluster_is_no_ones(served):
     assert len(provider.app.inventory.warm) == 0
     live = {s.server_id for s in sim.nova.live_servers()}
     assert {other.server_id, untagged.server_id} <= live
+
+
+# -- the pool's decisions, pure -----------------------------------------------------------------
+
+
+def _spec(**pool: object) -> NodeGroupSpec:
+    return NodeGroupSpec(
+        "big", 0, 5, "m1.small", "img", ("net",), user_data="x", warm_pool=WarmPoolSpec(**pool)
+    )
+
+
+def _warm(index: int, status: str = "SHUTOFF", **fields: object) -> WarmServer:
+    values: dict[str, object] = {
+        "server_id": f"s{index}",
+        "name": f"n{index}",
+        "group_id": "big",
+        "status": status,
+        "task_state": None,
+        "prepared_from": "fp",
+        "created": 1000.0 + index,
+        **fields,
+    }
+    return WarmServer(**values)  # type: ignore[arg-type]
+
+
+def test_a_pool_is_judged_server_by_server():
+    servers = [
+        _warm(0),  # ready
+        _warm(1, prepared_from="old"),  # stale
+        _warm(2, created=0.0),  # older than max_age
+        _warm(3, "ERROR"),  # failed
+        _warm(4, "ACTIVE", created=9000.0),  # still preparing, in time
+        _warm(5, "ACTIVE", created=100.0),  # still preparing, too long
+        _warm(6, "BUILD", created=9000.0),  # building
+    ]
+    plan = plan_pool(_spec(max_age=9000.0, prepare_timeout=8000.0), servers, "fp", 0, 9100.0)
+    assert [s.server_id for s in plan.ready] == ["s0"]
+    assert {s.server_id for s in plan.preparing} == {"s4", "s6"}
+    assert {(s.server_id, r.value) for s, r in plan.recycle} == {
+        ("s1", "stale"),
+        ("s2", "aged"),
+        ("s3", "failed"),
+        ("s5", "prepare-timeout"),
+    }
+    assert plan.wanted == 5  # max_size 5 - target 0, no size given
+    assert plan.missing == 5 - 3
+
+
+def test_a_pool_holds_no_more_than_the_group_can_still_grow_by():
+    ready = [_warm(index) for index in range(3)]
+    plan = plan_pool(_spec(size=3), ready, "fp", 4, 2000.0)  # max 5, target 4: room for 1
+    assert plan.wanted == 1
+    assert plan.missing == 0
+    assert [(s.server_id, r.value) for s, r in plan.recycle] == [
+        ("s2", "surplus"),
+        ("s1", "surplus"),
+    ]
+    # Creates queued will claim ready servers first: none of those is surplus.
+    plan = plan_pool(_spec(size=3), ready, "fp", 4, 2000.0, claims_coming=2)
+    assert [s.server_id for s, _ in plan.recycle] == []
+
+
+def test_a_group_without_a_pool_has_every_warm_server_recycled():
+    spec = NodeGroupSpec("big", 0, 5, "m1.small", "img", ("net",))
+    plan = plan_pool(spec, [_warm(0)], "", 0, 2000.0)
+    assert [(s.server_id, r.value) for s, r in plan.recycle] == [("s0", "unconfigured")]
+
+
+def test_only_ready_servers_of_the_current_preparation_are_claimable_once():
+    pool = WarmPool()
+    pool.replace([_warm(0), _warm(1, prepared_from="old"), _warm(2, "BUILD"), _warm(3)])
+    pool.use("big", "fp", WarmState.SHUTOFF)
+    assert pool.claimable("big") == 2
+    taken = pool.take("big")
+    assert taken is not None
+    assert taken.server_id == "s0"  # the oldest first
+    assert pool.claimable("big") == 1
+    pool.release("s0")
+    assert pool.claimable("big") == 2
+    pool.use("big", "fp", WarmState.SUSPENDED)  # the group now keeps its pool suspended
+    assert pool.claimable("big") == 0

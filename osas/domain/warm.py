@@ -334,6 +334,8 @@ class WarmPool:
         # ready one shows (set by the engine from the configuration).
         self._current: dict[str, tuple[str, frozenset[str]]] = {}
         self.version = 0  # bumped by every change: what is claimable may have changed
+        self._counted_at = -1
+        self._counted: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._group_of)
@@ -385,10 +387,16 @@ class WarmPool:
         )
 
     def claimable(self, group_id: str) -> int:
-        """Ready servers of the group no claim has taken."""
+        """Ready servers of the group no claim has taken. Counted once per change of the
+        pool: the max size CA is told asks at every NodeGroupForNode."""
         if group_id not in self._current:
             return 0
-        return len(self._ready(group_id))
+        if self._counted_at != self.version:
+            self._counted_at, self._counted = self.version, {}
+        found = self._counted.get(group_id)
+        if found is None:
+            found = self._counted[group_id] = len(self._ready(group_id))
+        return found
 
     def take(self, group_id: str) -> WarmServer | None:
         """The oldest ready server of the group, reserved for a claim (``release`` it if the
