@@ -460,3 +460,95 @@ async def test_servers_older_than_max_age_are_replaced(tmp_path):
                 assert provider.app.registry.get_sample_value("osas_warm_recycled_total", labels)
         finally:
             await provider.stop()
+
+
+async def test_a_claim_finished_is_never_judged_again_on_a_listing_older_than_it(tmp_path):
+    """Found on real Nova: a finished claim that the last listing still showed open was
+    watched again from that listing, and past start_timeout the running node was replaced.
+    Every watch begun from the inventory reads Nova first."""
+    nova = FakeNova(build_seconds=0.05)
+    nova.start_seconds = 1.0
+    config = warm_config(tmp_path, size=1, start_timeout="2s")
+    # No loop of osas's own acts meanwhile: listings and passes only when the test asks.
+    config = config.model_copy(
+        update={"reconcile": config.reconcile.model_copy(update={"interval": 3600.0})}
+    )
+    provider = Provider(config, FakeCloud(nova))
+    await provider.start()
+    keeper = provider.app.places[0].keeper
+    sim = SimpleNamespace(nova=nova)
+    try:
+        async with ca_client(provider.address) as ca:
+            async with asyncio.timeout(15):
+                while [s.status for s in warm_servers(sim)] != ["SHUTOFF"]:
+                    await provider.sync(full=False)
+                    await keeper.keep_once()
+                    await asyncio.sleep(0.05)
+                await provider.sync(full=False)
+                await keeper.keep_once()
+            (waiting,) = warm_servers(sim)
+            await ca.increase("big", 1)
+            async with asyncio.timeout(5):
+                while META_WARM in nova.get_server(waiting.server_id).metadata:
+                    await asyncio.sleep(0.05)
+            await provider.sync(full=False)  # the one listing: claimed, still starting
+            shown = provider.app.inventory.snapshot.get(waiting.server_id)
+            assert shown is not None
+            assert shown.is_starting
+            async with asyncio.timeout(10):  # the claim seen through, no listing since
+                while META_CLAIMED in nova.get_server(waiting.server_id).metadata:
+                    await asyncio.sleep(0.05)
+            await asyncio.sleep(2.5)  # past start_timeout of the claim
+            await keeper.keep_once()  # the listing still shows it starting
+            await asyncio.sleep(0.5)
+            assert not deleted(sim)
+            (node,) = node_servers(sim)
+            assert (node.server_id, node.status) == (waiting.server_id, "ACTIVE")
+            labels = {"group": "big", "outcome": "replaced"}
+            assert not provider.app.registry.get_sample_value("osas_warm_claims_total", labels)
+    finally:
+        await provider.stop()
+
+
+class FailsOnceAtFinish(FakeCloud):
+    """The read after the one that shows a claimed server ACTIVE (the finish's own) fails
+    once: Nova did not answer."""
+
+    armed = failed = False
+
+    async def get_server(self, server_id):  # type: ignore[no-untyped-def]
+        if self.armed and not self.failed:
+            self.failed = True
+            raise CloudUnavailable("Nova did not answer (injected)")
+        record = await super().get_server(server_id)
+        claimed = record is not None and META_CLAIMED in record.metadata
+        self.armed = self.armed or (claimed and record.status == "ACTIVE")
+        return record
+
+
+async def test_a_read_that_fails_while_a_claim_finishes_is_tried_again(tmp_path):
+    """Found reading the code: one failed GET at a claim's finish ended the keeper, and with
+    it osas. Now the claim is finished at a later read, and osas serves on."""
+    nova = FakeNova(build_seconds=0.05)
+    nova.start_seconds = 0.3
+    cloud = FailsOnceAtFinish(nova)
+    provider = Provider(warm_config(tmp_path, size=1), cloud)
+    await provider.start()
+    sim = SimpleNamespace(nova=nova)
+    try:
+        async with ca_client(provider.address) as ca:
+            await until(sim, ca, lambda: ready(provider, 1))
+            (waiting,) = warm_servers(sim)
+            await ca.increase("big", 1)
+
+            async def finished() -> bool:
+                server = nova.get_server(waiting.server_id)
+                return server.status == "ACTIVE" and META_CLAIMED not in server.metadata
+
+            await until(sim, ca, finished)
+            assert cloud.failed
+            assert provider._task is not None
+            assert not provider._task.done()
+            assert await ca.target_size("big") == 1
+    finally:
+        await provider.stop()

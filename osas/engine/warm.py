@@ -11,6 +11,7 @@ scale-up of CA's needs: refills wait while any create CA asked for is in hand.
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -112,7 +113,9 @@ class WarmKeeper:
         self._failed: set[str] = set()  # warm servers that did not come up for a claim
         self._doubt: dict[str, float] = {}  # reserved servers whose claim is in doubt -> until
         self._tasks: anyio.abc.TaskGroup | None = None
-        self._pending: list[Server] = []  # claimed before the loop ran
+        self._pending: list[tuple[Server, bool]] = []  # claimed before the loop ran
+        # Claims this process finished that a listing may still show open.
+        self._finished: set[str] = set()
         self.states: dict[str, PoolState] = {}
 
     # -- what the workers ask and tell ---------------------------------------------------------
@@ -121,15 +124,16 @@ class WarmKeeper:
         """Whether a create may take a warm server (not one replacing a failed claim)."""
         return request_id not in self._cold
 
-    def watch(self, server: Server) -> None:
-        """A server just claimed: started, and seen through its start, from now on."""
+    def watch(self, server: Server, *, fresh: bool = True) -> None:
+        """A claimed server started, and seen through its start, from now on. ``fresh``: as
+        Nova answered the claim's write (else as a listing showed it: read again first)."""
         if server.server_id in self._watching:
             return
         self._watching.add(server.server_id)
         if self._tasks is None:
-            self._pending.append(server)
+            self._pending.append((server, fresh))
         else:
-            self._tasks.start_soon(self._see_through, server)
+            self._tasks.start_soon(functools.partial(self._see_through, server, fresh=fresh))
 
     async def unshelve_for_claim(self, server: WarmServer, spec: NodeGroupSpec) -> bool:
         """A shelved warm server brought up for a claim (Nova refuses metadata writes while it
@@ -153,14 +157,16 @@ class WarmKeeper:
         self._failed.add(server_id)
         return False
 
-    async def _reads(self, server_id: str) -> AsyncGenerator[ServerRecord | None, None]:
-        """The server read again and again (None once Nova no longer has it), the first soon,
-        then twice as far apart up to ``_POLL_MAX``: a burst of claims must not take the
-        cloud's rate limit from the listings. A read that fails is skipped."""
-        pause = self._poll
+    async def _reads(
+        self, server_id: str, *, at_once: bool = False
+    ) -> AsyncGenerator[ServerRecord | None, None]:
+        """The server read again and again (None once Nova no longer has it), the first soon
+        (``at_once``: now), then twice as far apart up to ``_POLL_MAX``: a burst of claims
+        must not take the cloud's rate limit from the listings. A read that fails is skipped."""
+        pause = 0.0 if at_once else self._poll
         while True:
             await anyio.sleep(pause)
-            pause = min(2 * pause, _POLL_MAX)
+            pause = min(2 * max(pause, self._poll / 2), _POLL_MAX)
             try:
                 record = await self._cloud.get_server(server_id)
             except CloudError:
@@ -183,8 +189,8 @@ class WarmKeeper:
         async with anyio.create_task_group() as tasks:
             self._tasks = tasks
             while True:
-                for server in self._pending:
-                    tasks.start_soon(self._see_through, server)
+                for server, fresh in self._pending:
+                    tasks.start_soon(functools.partial(self._see_through, server, fresh=fresh))
                 self._pending.clear()
                 try:
                     await self.keep_once()
@@ -199,11 +205,17 @@ class WarmKeeper:
         if not inventory.synced or not self._may_write():
             return
         self._release_doubts()
-        for server in inventory.snapshot.claimed():
-            if server.server_id not in self._watching and not inventory.ledger.is_marked(
-                server.server_id
+        claimed = inventory.snapshot.claimed()
+        self._finished &= {server.server_id for server in claimed}
+        for server in claimed:
+            server_id = server.server_id
+            if (
+                server_id not in self._watching
+                and server_id not in self._finished
+                and not inventory.ledger.is_marked(server_id)
             ):
-                self.watch(server)  # an earlier holder's claim, or one this pass missed
+                # An earlier holder's claim, or one whose watch ended early: Nova read first.
+                self.watch(server, fresh=False)
         cluster = inventory.cluster
         configured = {spec.group_id for spec in cluster.node_groups}
         for spec in cluster.node_groups:
@@ -393,22 +405,28 @@ class WarmKeeper:
 
     # -- claimed servers -----------------------------------------------------------------------
 
-    async def _see_through(self, server: Server) -> None:
+    async def _see_through(self, server: Server, *, fresh: bool = False) -> None:
         """Start a claimed server and follow it until ACTIVE (then its claim is finished), or
         until its start fails or ``start_timeout`` passes since the claim (then a cold create
-        takes its place). The claim time is Nova's record of it: any holder can do this."""
+        takes its place). The claim time is Nova's record of it: any holder can do this.
+        ``fresh``: ``server`` is as Nova answered the claim's write just now; else it is the
+        inventory's, a listing old at best (a claim finished since may still show), and Nova is
+        read first: nothing is decided on it."""
         server_id, group_id = server.server_id, server.group_id
         spec = self._inventory.cluster.group(group_id)
         # A group whose pool was switched off meanwhile: its claims keep the default's time.
         pool = spec.warm_pool if spec is not None and spec.warm_pool is not None else WarmPoolSpec()
-        deadline = (server.claimed_at or 0.0) + pool.start_timeout
-        timeout = pool.start_timeout
-        status, task = server.status, server.task_state
+        # The claim mark holds whole seconds: a second more, never a second early.
+        deadline = (server.claimed_at or 0.0) + pool.start_timeout + 1.0
+        reason = f"not ACTIVE within start_timeout ({pool.start_timeout:g}s) of its claim"
         started = False
-        reason = f"not ACTIVE within start_timeout ({timeout:g}s) of its claim"
-        reads = self._reads(server_id)
+        reads = self._reads(server_id, at_once=not fresh)
         try:
-            while self._may_write():
+            current: Server | None = server
+            if not fresh:
+                current = await self._claimed_now(reads)
+            while current is not None and self._may_write():
+                status, task = current.status, current.task_state
                 if status == "ACTIVE" and task is None:
                     await self._finish(server_id, group_id)
                     return
@@ -424,31 +442,42 @@ class WarmKeeper:
                     action = resume_action(status)
                     if action is not None:
                         started = await self._act(server_id, action)
-                record = await anext(reads)
-                now_claimed = None if record is None else self._marks.claim(record)
-                if now_claimed is None or now_claimed.claimed_at is None:
-                    return  # gone, not ours any more, or finished by someone else
-                status, task = now_claimed.status, now_claimed.task_state
+                current = await self._claimed_now(reads)
             else:
-                return  # not the writer any more: the next holder sees it through
+                # Gone, not ours, finished by someone else; or not the writer any more: the
+                # next holder sees it through.
+                return
             await self._replace(server_id, group_id, reason)
+        except Exception:
+            # The server stays claimed in Nova: the next pass takes it up again.
+            logger.exception("watch of a claimed server failed", server_id=server_id)
         finally:
             await reads.aclose()
             self._watching.discard(server_id)
 
+    async def _claimed_now(self, reads: AsyncGenerator[ServerRecord | None, None]) -> Server | None:
+        """The server as the next read shows it, while it is still claimed for its group
+        (None: gone, not ours any more, or its claim finished)."""
+        record = await anext(reads)
+        claimed = None if record is None else self._marks.claim(record)
+        return None if claimed is None or claimed.claimed_at is None else claimed
+
     async def _finish(self, server_id: str, group_id: str) -> None:
         """The claim is over: the claim mark and the join token taken off its metadata."""
-        record = await self._cloud.get_server(server_id)
-        if record is None:
-            return
         try:
-            await self._cloud.replace_metadata_if(
+            record = await self._cloud.get_server(server_id)
+            if record is None:
+                return
+            written = await self._cloud.replace_metadata_if(
                 server_id, finished_metadata(record.metadata), still_claimed(self._marks, group_id)
             )
         except CloudError as exc:
             # It runs; the next pass finishes the claim.
             logger.info("claim not finished yet", server_id=server_id, reason=str(exc))
             return
+        if written is None or written is False:
+            return  # gone, or no longer claimed and running (finished by someone else)
+        self._finished.add(server_id)
         logger.info("claimed server started", group=group_id, server_id=server_id)
 
     async def _replace(self, server_id: str, group_id: str, reason: str) -> None:
