@@ -432,3 +432,38 @@ def test_the_model_runs_the_guest_in_process():
     nova.set_metadata(seeded.server_id, claimed(), replace=True)
     assert nova.console_output(seeded.server_id).endswith(f"{JOINED_LINE}\n")
     assert nova.get_server(seeded.server_id).status == "ACTIVE"
+
+
+def test_an_offloaded_pools_guest_waits_up_and_joins_once_unshelved_and_claimed(sim, conn):
+    """Nova refuses metadata writes on a shelved server: osas unshelves it for a claim, the
+    guest boots again with the warm mark on, prints the marker and waits; once its metadata
+    is replaced it joins."""
+    timings(sim, warm_prepare_seconds=0.2)
+    server_id = create(conn, "warm", warm("shelved_offloaded"))
+    wait_until(lambda: PREPARED_LINE in output(conn, server_id), "the marker")
+    time.sleep(0.4)
+    assert conn.compute.get_server(server_id).status == "ACTIVE"  # up, waiting to be shelved
+    conn.compute.shelve_server(server_id)  # osas saw the marker
+    settles(conn, server_id, "SHELVED_OFFLOADED")
+    conn.compute.unshelve_server(server_id)  # a claim: up first, still warm
+    settles(conn, server_id, "ACTIVE")
+    wait_until(lambda: PREPARED_LINE in output(conn, server_id), "the marker again")
+    time.sleep(0.4)
+    assert conn.compute.get_server(server_id).status == "ACTIVE"  # it waits, it does not stop
+    assert JOINED_LINE not in output(conn, server_id)
+    claim(conn, server_id)
+    wait_until(lambda: JOINED_LINE in output(conn, server_id), "the join")
+
+
+def test_a_warm_boot_that_finds_itself_claimed_on_its_second_read_joins(sim, conn):
+    """The real script reads the metadata service again before it powers off a prepared
+    server (the service caches answers): a server claimed by then joins instead."""
+    timings(sim, warm_prepare_seconds=0.6)
+    server_id = create(conn, "warm", warm("shutoff"))
+    settles(conn, server_id, "SHUTOFF")
+    conn.compute.start_server(server_id)  # started while still warm: it read the mark at boot
+    settles(conn, server_id, "ACTIVE")
+    claim(conn, server_id)  # the claim lands before its second read
+    time.sleep(1.0)
+    assert conn.compute.get_server(server_id).status == "ACTIVE"
+    assert output(conn, server_id).endswith(f"{PREPARED_LINE}\n{JOINED_LINE}\n")

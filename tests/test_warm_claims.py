@@ -383,8 +383,12 @@ async def test_each_state_a_pool_keeps_is_reached_and_claimed_from(tmp_path, sta
                     )
 
                 await until(sim, ca, joined)
-                (instance,) = await ca.nodes("big")
-                assert instance.status.instanceState == pb.InstanceStatus.instanceRunning
+
+                async def running() -> bool:
+                    (instance,) = await ca.nodes("big")
+                    return instance.status.instanceState == pb.InstanceStatus.instanceRunning
+
+                await until(sim, ca, running)
                 assert not deleted(sim)
         finally:
             await provider.stop()

@@ -31,7 +31,8 @@ control API: plain HTTP and JSON, no token, under the URL it prints; GET /_sim/ 
   /_sim/faults      GET, POST: failures to inject (errors, stalls, lost answers, paging)
   /_sim/quota       GET, POST: Nova's, Neutron's and Cinder's quotas
   /_sim/nova        GET, POST: build_seconds, delete_seconds, clock_offset, server action
-                    timings (start_seconds, stop_seconds, shelve_seconds...)
+                    timings (start_seconds, stop_seconds, shelve_seconds...), the
+                    warm guest's warm_prepare_seconds, serial_console
   /_sim/identity    GET, POST: token lifetime and refusals; POST /_sim/identity/revoke
   /_sim/activate    POST: finish builds now (all), or a server's build or action ({"id": ...})
   /_sim/calls       GET: requests counted by operation; POST /_sim/calls/reset

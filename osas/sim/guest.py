@@ -8,10 +8,14 @@ The guest follows the warm-pool contract between osas and its user data (the per
 - with the warm mark (``osas-warm``) it prepares (packages, images), once per disk: a boot
   after a preparation that finished skips the work but not the rest. Every warm boot, after
   ``FakeNova.warm_prepare_seconds`` (the preparation, or the skip of it, and the script's own
-  start), prints ``osas-warm-prepared`` on the console, then for ``osas-warm-state`` shutoff,
-  shelved_offloaded or absent (anything but paused and suspended) powers itself off; for
-  paused and suspended it stays up, idle, until the warm mark is gone from the metadata while
-  it runs, and then joins (a claimed server is unpaused or resumed with new metadata);
+  start), prints ``osas-warm-prepared`` on the console, then for ``osas-warm-state`` shutoff
+  or absent powers itself off; for paused, suspended and shelved_offloaded it stays up, idle,
+  until the warm mark is gone from the metadata while it runs, and then joins (a claimed
+  server is unpaused or resumed with new metadata; an offloaded one is unshelved first, Nova
+  refusing metadata writes on it, and gets its new metadata once it runs). A later warm boot
+  that would power off (the preparation done before: osas started it for a claim) reads the
+  metadata again first and joins instead when the mark is gone, as the real script does
+  against the metadata service's cache;
 - without the warm mark (a claimed server, a cold create) it joins the cluster at boot unless
   it joined before (kubelet.conf on its disk): the console gains ``osas-node-joined``.
 
@@ -38,7 +42,7 @@ WARM_STATE = "osas-warm-state"
 PREPARED_LINE = "osas-warm-prepared"
 JOINED_LINE = "osas-node-joined"
 # The pool states in which a prepared guest stays up; in any other it powers itself off.
-_STAYS_UP = frozenset({"paused", "suspended"})
+_STAYS_UP = frozenset({"paused", "suspended", "shelved_offloaded"})
 # Nova's libvirt driver reads at most the last 100 KiB of the log (MAX_CONSOLE_BYTES).
 MAX_CONSOLE_BYTES = 100 * 1024
 CONSOLE_NOT_AVAILABLE = "Guest does not have a console available."  # ConsoleNotAvailable
@@ -105,12 +109,17 @@ class Guest:
     def warm_step_due(self, real: datetime) -> bool:
         return self.due is not None and real >= self.due
 
-    def finish_warm_step(self) -> bool:
+    def finish_warm_step(self, metadata: Mapping[str, str]) -> bool:
         """The boot script's warm step ends: prepared, the marker printed. True when the guest
-        then powers itself off (it has: ``running`` is False), False when it stays up idle."""
+        then powers itself off (it has: ``running`` is False), False when it stays up idle
+        (or, a later boot that reads ``metadata`` again and finds it claimed, joins)."""
         self.due = None
+        again = self.prepared
         self.prepared = True
         self.lines += (PREPARED_LINE,)
+        if self.powers_off and again and WARM_MARK not in metadata:
+            self.join()
+            return False
         if self.powers_off:
             self.lines += _POWER_OFF_LINES
             self.running = False

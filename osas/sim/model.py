@@ -1179,7 +1179,7 @@ class FakeNova:
         if server.status != "ACTIVE" or server.task_state is not None:
             return
         due = guest.due
-        if not guest.finish_warm_step():
+        if not guest.finish_warm_step(server.metadata):
             _guest_looks(server)  # claimed while it prepared: it joins at once
             return
         self._begin(server, "stop", None)
