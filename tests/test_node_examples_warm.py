@@ -145,12 +145,15 @@ def test_a_warm_server_prepares_once_waits_powered_off_and_joins_when_claimed(tm
     assert_waits_without_joining(boot)
 
     # 2. Started again while still in the pool (after a host's maintenance, say): prepared
-    # already, so straight to the marker and off again.
+    # already, so straight to the marker, a second read of the metadata 20 s later (the
+    # metadata service caches answers), still warm: off again.
     boot = boot_again(boot, [warm("shutoff")])
     assert boot.returncode == 0, boot.output
     assert boot.called("kubeadm") == [], boot.calls
     assert_marker_on_every_console(boot)
-    assert boot.calls[-1] == ["poweroff"], boot.calls
+    commands = [call[0] for call in boot.calls if call[0] in {"curl", "sleep", "poweroff"}]
+    assert commands == ["curl", "sleep", "curl", "poweroff"], boot.calls
+    assert boot.called("sleep") == [["sleep", "20"]]
     assert_waits_without_joining(boot)
 
     # 3. Claimed: osas replaced the metadata and started the server. It joins with the token
@@ -181,10 +184,9 @@ def test_a_warm_server_prepares_once_waits_powered_off_and_joins_when_claimed(tm
     assert boot.console()["/dev/ttyS0"] == []
 
 
-@pytest.mark.parametrize("state", ["shutoff", "shelved_offloaded", None])
-def test_a_warm_server_powers_itself_off_unless_kept_paused_or_suspended(tmp_path, state):
-    """osas shelves a server it keeps shelved_offloaded once it is off; with no state in the
-    metadata the server powers off as for shutoff."""
+@pytest.mark.parametrize("state", ["shutoff", None])
+def test_a_warm_server_powers_itself_off_unless_kept_paused_suspended_or_shelved(tmp_path, state):
+    """With no state in the metadata the server powers off as for shutoff."""
     boot = first_boot(tmp_path, [warm(state)])
     assert boot.returncode == 0, boot.output
     assert_marker_on_every_console(boot)
@@ -192,11 +194,12 @@ def test_a_warm_server_powers_itself_off_unless_kept_paused_or_suspended(tmp_pat
     assert_waits_without_joining(boot)
 
 
-@pytest.mark.parametrize("state", ["paused", "suspended"])
-def test_a_paused_or_suspended_warm_server_stays_up_and_joins_once_unpaused(tmp_path, state):
-    """Prepared, the marker printed, it stays up (osas pauses or suspends it as it is) and asks
-    the metadata service again until the warm mark is gone: unpaused or resumed after the
-    claim, it goes on from there to the join, without a boot."""
+@pytest.mark.parametrize("state", ["paused", "suspended", "shelved_offloaded"])
+def test_a_paused_suspended_or_shelved_warm_server_stays_up_and_joins_once_claimed(tmp_path, state):
+    """Prepared, the marker printed, it stays up (osas pauses, suspends or shelves it as it
+    is) and asks the metadata service again until the warm mark is gone: unpaused or resumed
+    after the claim, it goes on from there to the join, without a boot (an unshelved one
+    boots, below)."""
     boot = first_boot(tmp_path, [warm(state), warm(state), warm(state), claimed()])
     assert boot.returncode == 0, boot.output
     assert boot.called("poweroff") == []
@@ -232,3 +235,34 @@ def test_a_cold_create_of_the_group_joins_at_its_first_boot_without_preparing(tm
     (join,) = boot.called("kubeadm", "join")
     assert flag(join, "--token") == CLAIM_TOKEN
     assert flag(kubelet_flags(boot), "--provider-id") == PROVIDER_ID
+
+
+def test_an_unshelved_server_prints_the_marker_again_and_joins_once_claimed(tmp_path):
+    """Nova writes no metadata on a shelved server: osas unshelves it first. The boot finds it
+    prepared and still warm: the marker again, no preparation, a wait, and the join once the
+    claim is written."""
+    # Prepared on its first boot (a boot that ends, as one of a shut-off pool does: the
+    # shelve of a waiting server ends its boot where the test cannot).
+    boot = first_boot(tmp_path, [warm("shutoff")])
+    assert boot.read(PREPARED) is not None
+    unshelved = [warm("shelved_offloaded"), warm("shelved_offloaded"), claimed()]
+    boot = boot_again(boot, unshelved)
+    assert boot.returncode == 0, boot.output
+    assert boot.called("kubeadm", "config") == []
+    assert boot.called("poweroff") == []
+    assert boot.console()["/dev/console"] == ["osas-warm-prepared", "osas-node-joined"]
+    (join,) = boot.called("kubeadm", "join")
+    assert flag(join, "--token") == CLAIM_TOKEN
+
+
+def test_a_started_server_whose_second_read_shows_its_claim_joins(tmp_path):
+    """Started for a claim, its first read came from the metadata service's cache (still
+    warm); the second, 20 s later, shows the claim: it joins rather than powering off."""
+    boot = first_boot(tmp_path, [warm("shutoff")])
+    assert boot.calls[-1] == ["poweroff"], boot.calls
+    boot = boot_again(boot, [warm("shutoff"), claimed()])
+    assert boot.returncode == 0, boot.output
+    assert boot.called("poweroff") == []
+    (join,) = boot.called("kubeadm", "join")
+    assert flag(join, "--token") == CLAIM_TOKEN
+    assert boot.console()["/dev/console"] == ["osas-warm-prepared", "osas-node-joined"]
