@@ -418,3 +418,55 @@ async def test_on_a_real_api_server_the_token_authenticates_as_a_bootstrapper_un
     while (answer := who_am_i(url, token, ca)) != 401:
         assert asyncio.get_running_loop().time() < deadline, answer
         await asyncio.sleep(1)
+
+
+async def test_a_warm_pool_group_gets_a_token_per_claim_in_metadata_and_none_while_warm(
+    standin, tmp_path
+):
+    """Warm pools (issue 36): no token is minted for a server that waits in the pool (its user
+    data holds none); each claim and each cold create gets one of its own, in the server's
+    metadata (osas-join-token), named for that server, authenticating; once a claimed server
+    runs the token is taken off its metadata."""
+    with SimulatedOpenStack(FakeNova(build_seconds=0.05)) as sim:
+        data_ = config_on(sim, leader_election={"kubeconfig": str(standin.kubeconfig)})
+        data_["node_groups"][0].update(
+            user_data="#cloud-config\nhostname: ${server_name}\n",
+            bootstrap_token={"ttl": "20m"},
+            warm_pool={"size": 1},
+        )
+        data_["reconcile"] = {**data_.get("reconcile", {}), "interval": "0.2s"}
+        config = make_config(tmp_path, **data_)
+        provider = Provider(config, openstack_cloud(config))
+        await provider.start()
+        try:
+            async with asyncio.timeout(20):  # ready, as osas sees it
+                while provider.app.status()["groups"][0]["warm_pool"].get("ready") != 1:
+                    await asyncio.sleep(0.05)
+            (waiting,) = [s for s in sim.nova.live_servers() if "osas-warm" in s.metadata]
+            assert standin.secrets("kube-system") == []  # none for the pool
+            assert "token" not in base64.b64decode(waiting.user_data or "").decode()
+            seen: dict[str, str] = {}  # server name -> the token its metadata carried
+            async with ca_client(provider.address) as ca:
+                await ca.increase("workers", 2)  # one claim, one cold create
+                async with asyncio.timeout(20):
+                    while len(seen) < 2 or "osas-join-token" in waiting_now(sim, waiting):
+                        for server in sim.nova.live_servers():
+                            token = server.metadata.get("osas-join-token")
+                            if token is not None:
+                                seen[server.name] = token
+                        await asyncio.sleep(0.02)
+        finally:
+            await provider.stop()
+    assert waiting.name in seen  # the claimed server, by the name it was made with
+    assert len(set(seen.values())) == 2
+    by_id = {data(secret)["token-id"]: secret for secret in standin.secrets("kube-system")}
+    assert len(by_id) == 2
+    for name, token in seen.items():
+        assert name in data(by_id[token[:6]])["description"]
+        assert who_am_i(standin.url, token)["username"] == f"system:bootstrap:{token[:6]}"
+
+
+def waiting_now(sim: SimulatedOpenStack, server) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """The server's metadata as Nova holds it now."""
+    found = sim.nova.get_server(server.server_id)
+    return {} if found is None else dict(found.metadata)

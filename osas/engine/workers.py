@@ -297,7 +297,7 @@ class Workers:
                 pool.release(server.server_id)
                 log.info("warm server did not come up; creating cold", server_id=server.server_id)
                 return None
-            token = await self._claim_token(task, spec, log)
+            token = await self._claim_token(task, spec, server.name, log)
             if token is not None and not isinstance(token, str):
                 pool.release(server.server_id)
                 return token
@@ -330,20 +330,26 @@ class Workers:
         return None
 
     async def _claim_token(
-        self, task: CreateTask, spec: NodeGroupSpec, log: structlog.BoundLogger
+        self, task: CreateTask, spec: NodeGroupSpec, name: str, log: structlog.BoundLogger
     ) -> str | CreateOutcome | None:
         """The join token a claimed server gets in its metadata (None for a group without
         ``bootstrap_token``), or why the create cannot go on, as for a cold create."""
         if spec.bootstrap_token is None:
             return None
-        minted = await self._join_token(task, spec, spec.bootstrap_token.ttl, log)
+        minted = await self._join_token(task, spec, spec.bootstrap_token.ttl, log, name=name)
         if isinstance(minted, str) and not self._may_write():
             info = ErrorInfo("NotLeader", "not the leader any more", ErrorClass.OTHER)
             return NotSent(info, counts=False)
         return minted
 
     async def _join_token(
-        self, task: CreateTask, spec: NodeGroupSpec, ttl: float, log: structlog.BoundLogger
+        self,
+        task: CreateTask,
+        spec: NodeGroupSpec,
+        ttl: float,
+        log: structlog.BoundLogger,
+        *,
+        name: str | None = None,
     ) -> str | CreateOutcome:
         """The token minted for this create (again only once half its life has passed), or
         why the create cannot be sent: Refused when the cluster refused the token (an
@@ -358,7 +364,8 @@ class Workers:
                 "Kubernetes connection to mint tokens with"
             )
             return Refused(ErrorInfo("JoinTokenUnavailable", message, ErrorClass.OTHER))
-        name = server_name(self._cluster.cluster_name, spec.group_id, task.request_id)
+        # The server it joins: a claimed one keeps the name it was made with.
+        name = name or server_name(self._cluster.cluster_name, spec.group_id, task.request_id)
         try:
             token = await self.join_tokens.mint(server_name=name, group_id=spec.group_id, ttl=ttl)
         except JoinTokenError as exc:
