@@ -449,7 +449,8 @@ def data_url(source: str) -> bytes:
 # Stubs for what a join calls: they record their arguments. kubeadm reports a version and, when
 # it joins, leaves kubelet.conf as a join does; curl answers the metadata service with the
 # documents queued in /run/osas-meta (each read takes the next; the last one stays), or with
-# one without server metadata when none is queued.
+# one without server metadata when none is queued. A queued read that is not answered
+# (UNANSWERED) fails as curl does when it cannot connect (exit 7).
 _STUB = """#!/bin/sh
 { printf '%s' "${0##*/}"; for a in "$@"; do printf '\\t%s' "$a"; done; echo; } >> /run/osas-calls
 """
@@ -465,10 +466,11 @@ _CURL = (
     _STUB
     + """case "$*" in
   *169.254.169.254/openstack/latest/meta_data.json*)
-    set -- /run/osas-meta/*.json
+    set -- /run/osas-meta/*
     if [ -e "$1" ]; then
-      cat "$1"
+      case "$1" in *.unanswered) answer=7;; *) answer=0; cat "$1";; esac
       if [ $# -gt 1 ]; then rm "$1"; fi
+      exit "$answer"
     else
       printf '{"uuid": "%s", "name": "%s", "availability_zone": "nova"}' \\
         "$(cat /run/osas-instance-id)" "$(cat /run/osas-server-name)"
@@ -553,6 +555,10 @@ def new_root(folder: Path) -> Path:
     return root
 
 
+# In a list of server metadata a boot reads: a read the metadata service does not answer.
+UNANSWERED: dict[str, str] = {}
+
+
 def metadata_document(meta: dict[str, str] | None) -> dict[str, Any]:
     """meta_data.json as Nova's metadata service serves it for this server: ``meta``, the
     server's metadata, only when it has any."""
@@ -579,6 +585,9 @@ def _power_on(root: Path, metadata: list[dict[str, str]]) -> None:
     for name in CONSOLES:
         (root / name.lstrip("/")).write_text("")
     for index, meta in enumerate(metadata):
+        if meta is UNANSWERED:
+            (root / f"run/osas-meta/{index:03}.unanswered").write_text("")
+            continue
         document = json.dumps(metadata_document(meta))
         (root / f"run/osas-meta/{index:03}.json").write_text(document)
 
@@ -637,8 +646,8 @@ def boot_cloud_config(
     """A first boot, as cloud-init runs it, in a root of its own with the host's /usr
     read-only and no network: write_files (its own code; the init stage), then in the final
     stage the per-boot scripts (its own runparts) and the runcmd script it writes. The
-    metadata service answers with ``metadata`` (one server metadata per read; the last one
-    stays), or with none."""
+    metadata service answers with ``metadata`` (one server metadata per read, UNANSWERED for
+    a read that fails; the last one stays), or with none."""
     require("cloud-init")
     config = yaml.safe_load(text)
     root = new_root(folder)

@@ -426,7 +426,7 @@ async def test_a_warm_pool_group_gets_a_token_per_claim_in_metadata_and_none_whi
     """Warm pools (issue 36): no token is minted for a server that waits in the pool (its user
     data holds none); each claim and each cold create gets one of its own, in the server's
     metadata (osas-join-token), named for that server, authenticating; once a claimed server
-    runs the token is taken off its metadata."""
+    runs its claim mark goes and its token stays (the node reads it later than ACTIVE)."""
     with SimulatedOpenStack(FakeNova(build_seconds=0.05)) as sim:
         data_ = config_on(sim, leader_election={"kubeconfig": str(standin.kubeconfig)})
         data_["node_groups"][0].update(
@@ -449,7 +449,7 @@ async def test_a_warm_pool_group_gets_a_token_per_claim_in_metadata_and_none_whi
             async with ca_client(provider.address) as ca:
                 await ca.increase("workers", 2)  # one claim, one cold create
                 async with asyncio.timeout(20):
-                    while len(seen) < 2 or "osas-join-token" in waiting_now(sim, waiting):
+                    while len(seen) < 2 or "osas-claimed" in waiting_now(sim, waiting):
                         for server in sim.nova.live_servers():
                             token = server.metadata.get("osas-join-token")
                             if token is not None:
@@ -458,6 +458,7 @@ async def test_a_warm_pool_group_gets_a_token_per_claim_in_metadata_and_none_whi
         finally:
             await provider.stop()
     assert waiting.name in seen  # the claimed server, by the name it was made with
+    assert waiting_now(sim, waiting).get("osas-join-token") == seen[waiting.name]
     assert len(set(seen.values())) == 2
     by_id = {data(secret)["token-id"]: secret for secret in standin.secrets("kube-system")}
     assert len(by_id) == 2

@@ -19,6 +19,7 @@ from node_examples import (
     PROVIDER_ID,
     SAMPLE_VALUES,
     SERVER_NAME,
+    UNANSWERED,
     Boot,
     all_examples,
     boot_again,
@@ -142,6 +143,8 @@ def test_a_warm_server_prepares_once_waits_powered_off_and_joins_when_claimed(tm
     assert boot.read(PREPARED) is not None
     assert_marker_on_every_console(boot)
     assert boot.calls[-1] == ["poweroff"], boot.calls
+    assert boot.called("sleep") == [], "the boot that prepared powers off at once"
+    assert len(boot.called("curl")) == 1
     assert_waits_without_joining(boot)
 
     # 2. Started again while still in the pool (after a host's maintenance, say): prepared
@@ -186,11 +189,13 @@ def test_a_warm_server_prepares_once_waits_powered_off_and_joins_when_claimed(tm
 
 @pytest.mark.parametrize("state", ["shutoff", None])
 def test_a_warm_server_powers_itself_off_unless_kept_paused_suspended_or_shelved(tmp_path, state):
-    """With no state in the metadata the server powers off as for shutoff."""
+    """With no state in the metadata the server powers off as for shutoff; the boot that
+    prepared does so at once, without a second read."""
     boot = first_boot(tmp_path, [warm(state)])
     assert boot.returncode == 0, boot.output
     assert_marker_on_every_console(boot)
     assert boot.calls[-1] == ["poweroff"], boot.calls
+    assert [call[0] for call in boot.calls if call[0] in {"curl", "sleep"}] == ["curl"]
     assert_waits_without_joining(boot)
 
 
@@ -251,6 +256,9 @@ def test_an_unshelved_server_prints_the_marker_again_and_joins_once_claimed(tmp_
     assert boot.called("kubeadm", "config") == []
     assert boot.called("poweroff") == []
     assert boot.console()["/dev/console"] == ["osas-warm-prepared", "osas-node-joined"]
+    commands = [call[0] for call in boot.calls if call[0] in {"curl", "sleep"}]
+    assert commands == ["curl", "sleep", "curl", "sleep", "curl"], boot.calls
+    assert set(map(tuple, boot.called("sleep"))) == {("sleep", "10")}
     (join,) = boot.called("kubeadm", "join")
     assert flag(join, "--token") == CLAIM_TOKEN
 
@@ -263,6 +271,29 @@ def test_a_started_server_whose_second_read_shows_its_claim_joins(tmp_path):
     boot = boot_again(boot, [warm("shutoff"), claimed()])
     assert boot.returncode == 0, boot.output
     assert boot.called("poweroff") == []
+    assert boot.called("kubeadm", "config") == []
+    commands = [call[0] for call in boot.calls if call[0] in {"curl", "sleep", "kubeadm"}]
+    assert commands == ["curl", "sleep", "curl", "kubeadm"], boot.calls
+    assert boot.called("sleep") == [["sleep", "20"]]
     (join,) = boot.called("kubeadm", "join")
     assert flag(join, "--token") == CLAIM_TOKEN
+    assert flag(kubelet_flags(boot), "--provider-id") == PROVIDER_ID
     assert boot.console()["/dev/console"] == ["osas-warm-prepared", "osas-node-joined"]
+
+
+@pytest.mark.parametrize("second", ["warm", "unanswered"])
+def test_a_started_server_still_warm_on_its_second_read_powers_off(tmp_path, second):
+    """Started while still in the pool (a host's reboot, say): 20 s on, the metadata still
+    carries the warm mark, or the metadata service does not answer and the first read
+    stands: off again, without joining."""
+    boot = first_boot(tmp_path, [warm("shutoff")])
+    assert boot.calls[-1] == ["poweroff"], boot.calls
+    reads = [warm("shutoff"), warm("shutoff") if second == "warm" else UNANSWERED, claimed()]
+    boot = boot_again(boot, reads)
+    assert boot.returncode == 0, boot.output
+    assert boot.called("kubeadm") == [], boot.calls
+    commands = [call[0] for call in boot.calls if call[0] in {"curl", "sleep", "poweroff"}]
+    assert commands[-4:] == ["curl", "sleep", "curl", "poweroff"], boot.calls
+    assert boot.called("sleep") == [["sleep", "20"]]
+    assert_marker_on_every_console(boot)
+    assert_waits_without_joining(boot)

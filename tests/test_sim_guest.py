@@ -2,10 +2,13 @@
 
 The guest plays osas's user data as the warm-pool contract has it (issue 36): a server booted
 with the warm mark (``osas-warm``) prepares, prints ``osas-warm-prepared`` on its console after
-``warm_prepare_seconds``, and powers itself off unless its ``osas-warm-state`` is paused or
-suspended; Nova's power-state sync then stops it (SHUTOFF, vm_state stopped, power_state 4,
-``updated`` bumped). Claimed (the mark gone), it joins: ``osas-node-joined``. A preparation can
-hang (``warm_prepare_hangs``).
+``warm_prepare_seconds``, and powers itself off if its ``osas-warm-state`` is shutoff or
+absent; Nova's power-state sync then stops it (SHUTOFF, vm_state stopped, power_state 4,
+``updated`` bumped). A later warm boot of such a server reads the metadata again as long
+after the marker before it powers off, and joins if claimed by then. Kept paused, suspended
+or shelved_offloaded, it stays up with the marker and waits for its claim (an offloaded one is
+unshelved still warm and waits again). Claimed (the mark gone), it joins: ``osas-node-joined``.
+A preparation can hang (``warm_prepare_hangs``).
 
 The console is ``os-getConsoleOutput`` as Nova answers it (nova/api/openstack/compute/
 console_output.py, the compute API's ``check_instance_host``, the compute manager's tail and
@@ -214,6 +217,8 @@ def test_a_claimed_server_started_stays_active_and_joins_once(sim, conn):
 
 
 def test_a_warm_server_started_again_prints_the_marker_and_powers_off_again(sim, conn):
+    """Prepared already, still warm: the marker after warm_prepare_seconds, then as long again
+    before its second read of the metadata, still warm: it powers off."""
     timings(sim, warm_prepare_seconds=0.8)
     server_id = create(conn, "warm", warm("shutoff"))
     settles(conn, server_id, "SHUTOFF")
@@ -223,9 +228,14 @@ def test_a_warm_server_started_again_prints_the_marker_and_powers_off_again(sim,
     settles(conn, server_id, "ACTIVE")
     started = time.monotonic()
     assert PREPARED_LINE not in output(conn, server_id)
+    wait_until(lambda: PREPARED_LINE in output(conn, server_id), "the marker")
+    server = conn.compute.get_server(server_id)  # waiting for its second read
+    assert (server.status, server.task_state, server.power_state) == ("ACTIVE", None, 1)
+    assert output(conn, server_id).endswith(f"\n{PREPARED_LINE}\n")
     settles(conn, server_id, "SHUTOFF")
-    assert time.monotonic() - started >= 0.4
+    assert time.monotonic() - started >= 1.2
     assert logged(sim, server_id).count(PREPARED_LINE) == 1  # the log of this boot alone
+    assert logged(sim, server_id)[-1].endswith("reboot: Power down")
 
 
 def test_the_guest_acts_on_the_metadata_it_read_at_boot(sim, conn):
@@ -435,35 +445,102 @@ def test_the_model_runs_the_guest_in_process():
 
 
 def test_an_offloaded_pools_guest_waits_up_and_joins_once_unshelved_and_claimed(sim, conn):
-    """Nova refuses metadata writes on a shelved server: osas unshelves it for a claim, the
-    guest boots again with the warm mark on, prints the marker and waits; once its metadata
-    is replaced it joins."""
+    """Kept shelved_offloaded, the guest no longer powers itself off: it stays up with the
+    marker and osas shelves it. Nova refuses metadata writes on a shelved server, so osas
+    unshelves it for a claim: the guest boots again with the warm mark on, prints the marker
+    again (no preparation) and waits; once its metadata is replaced it joins."""
     timings(sim, warm_prepare_seconds=0.2)
     server_id = create(conn, "warm", warm("shelved_offloaded"))
     wait_until(lambda: PREPARED_LINE in output(conn, server_id), "the marker")
-    time.sleep(0.4)
-    assert conn.compute.get_server(server_id).status == "ACTIVE"  # up, waiting to be shelved
+    time.sleep(0.5)  # longer than a preparation and a second read together
+    server = conn.compute.get_server(server_id)
+    assert (server.status, server.task_state, server.power_state) == ("ACTIVE", None, 1)
+    assert output(conn, server_id).endswith(f"\n{PREPARED_LINE}\n")  # up, waiting to be shelved
     conn.compute.shelve_server(server_id)  # osas saw the marker
     settles(conn, server_id, "SHELVED_OFFLOADED")
+    with pytest.raises(openstack.exceptions.ConflictException):  # no claim written there
+        conn.compute.set_server_metadata(server_id, **claimed())
+
     conn.compute.unshelve_server(server_id)  # a claim: up first, still warm
     settles(conn, server_id, "ACTIVE")
     wait_until(lambda: PREPARED_LINE in output(conn, server_id), "the marker again")
-    time.sleep(0.4)
-    assert conn.compute.get_server(server_id).status == "ACTIVE"  # it waits, it does not stop
-    assert JOINED_LINE not in output(conn, server_id)
-    claim(conn, server_id)
+    time.sleep(0.5)
+    server = conn.compute.get_server(server_id)
+    assert (server.status, server.task_state) == ("ACTIVE", None)  # it waits, it does not stop
+    lines = output(conn, server_id).splitlines()
+    assert lines[0].startswith("[    0.000000] Linux version")  # the unshelve's boot
+    assert lines[-1] == PREPARED_LINE
+    assert lines.count(PREPARED_LINE) == 1
+    claim(conn, server_id)  # osas writes the claim once the server runs
     wait_until(lambda: JOINED_LINE in output(conn, server_id), "the join")
+    assert output(conn, server_id).endswith(f"{PREPARED_LINE}\n{JOINED_LINE}\n")
+    time.sleep(0.3)
+    assert conn.compute.get_server(server_id).status == "ACTIVE"
 
 
 def test_a_warm_boot_that_finds_itself_claimed_on_its_second_read_joins(sim, conn):
-    """The real script reads the metadata service again before it powers off a prepared
-    server (the service caches answers): a server claimed by then joins instead."""
-    timings(sim, warm_prepare_seconds=0.6)
+    """Started while its metadata still said warm (the real script may read that from the
+    metadata service's cache right after a claim), the guest prints the marker and waits
+    before its second read; the claim lands meanwhile: it joins instead of powering off."""
+    timings(sim, warm_prepare_seconds=1.0)
     server_id = create(conn, "warm", warm("shutoff"))
     settles(conn, server_id, "SHUTOFF")
     conn.compute.start_server(server_id)  # started while still warm: it read the mark at boot
     settles(conn, server_id, "ACTIVE")
+    wait_until(lambda: PREPARED_LINE in output(conn, server_id), "the marker")
     claim(conn, server_id)  # the claim lands before its second read
-    time.sleep(1.0)
-    assert conn.compute.get_server(server_id).status == "ACTIVE"
+    assert JOINED_LINE not in output(conn, server_id)  # it has not read again yet
+    wait_until(lambda: JOINED_LINE in output(conn, server_id), "the join")
     assert output(conn, server_id).endswith(f"{PREPARED_LINE}\n{JOINED_LINE}\n")
+    time.sleep(0.5)
+    server = conn.compute.get_server(server_id)
+    assert (server.status, server.task_state, server.power_state) == ("ACTIVE", None, 1)
+
+
+class ManualClock:
+    """A clock the test moves: the model's durations run on it."""
+
+    def __init__(self) -> None:
+        self.now = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def wait(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize("claimed_in_time", [True, False], ids=["claimed", "still-warm"])
+def test_a_later_warm_boot_reads_the_metadata_again_before_it_powers_off(claimed_in_time):
+    """In process, on a clock of the test's: the boot that prepared powers off at once; a
+    later warm boot prints the marker, waits warm_prepare_seconds more, then powers off if
+    its second read still shows the warm mark, or joins if the claim replaced it by then."""
+    clock = ManualClock()
+    nova = FakeNova(build_seconds=0.0, clock=clock)
+    nova.warm_prepare_seconds = 10.0
+    request = CreateServerRequest(
+        name="w", flavor="m1.small", image="i", networks=(), metadata=warm("shutoff"), tags=()
+    )
+    server_id = nova.create_server(request).server_id
+    clock.wait(10)
+    assert nova.get_server(server_id).status == "SHUTOFF"  # the first boot: off at once
+
+    nova.server_action(server_id, "os-start")  # a start while the metadata still says warm
+    assert nova.get_server(server_id).status == "ACTIVE"
+    clock.wait(10)
+    assert nova.console_lines(server_id)[-1] == PREPARED_LINE  # the marker, no preparation
+    clock.wait(9)
+    assert nova.get_server(server_id).status == "ACTIVE"  # waiting for its second read
+    if claimed_in_time:
+        nova.set_metadata(server_id, claimed(), replace=True)
+    clock.wait(1)
+    server = nova.get_server(server_id)
+    if claimed_in_time:
+        assert (server.status, server.task_state) == ("ACTIVE", None)
+        assert nova.console_lines(server_id)[-2:] == [PREPARED_LINE, JOINED_LINE]
+        clock.wait(60)
+        assert nova.get_server(server_id).status == "ACTIVE"
+    else:
+        assert server.status == "SHUTOFF"
+        assert nova.console_lines(server_id)[-1].endswith("reboot: Power down")
+        assert JOINED_LINE not in nova.console_lines(server_id)

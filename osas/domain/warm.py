@@ -249,9 +249,11 @@ def claim_metadata(
 
 
 def finished_metadata(metadata: Mapping[str, str]) -> dict[str, str]:
-    """A started server's metadata once its claim is over: no claim mark, no join token
-    (it has joined or will not with it)."""
-    return {k: v for k, v in metadata.items() if k not in (META_CLAIMED, META_JOIN_TOKEN)}
+    """A started server's metadata once its claim is over: the claim mark off. The join token
+    stays until it expires (its ttl), as a cold create's does: ACTIVE says the domain runs,
+    not that the guest has read its metadata (it reads tens of seconds later, through the
+    metadata service's cache)."""
+    return {k: v for k, v in metadata.items() if k != META_CLAIMED}
 
 
 def _of_group(marks: OwnershipMarks, group_id: str, record: ServerRecord) -> bool:

@@ -40,7 +40,8 @@ the servers compactly:
   at once, more after that many seconds, -1 never), ``allow_shelve_offload`` (false: 403 for
   shelveOffload, Nova's default policy being admin only), ``warm_prepare_seconds`` (how long a
   guest booted with the warm mark runs its boot script before it prints ``osas-warm-prepared``
-  and, in a pool kept shut off or shelved, powers itself off; 0.2 by default) and
+  and, in a pool kept shut off, powers itself off, a later boot waiting as long again to read
+  its metadata once more first; 0.2 by default) and
   ``serial_console`` (true: ``os-getConsoleOutput`` reads the last run's log of a server whose
   guest does not run, as with Nova's serial console; false by default: 404, as libvirt's pty).
 - ``GET|POST /_sim/identity``: ``token_lifetime`` (seconds: the ``expires_at`` of new tokens;

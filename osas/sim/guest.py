@@ -4,23 +4,32 @@ console log Nova's ``os-getConsoleOutput`` reads.
 The guest follows the warm-pool contract between osas and its user data (the per-boot script):
 
 - at every boot it reads the server's metadata, as the script reads the metadata service's
-  ``meta_data.json`` (what the metadata says later does not change what that boot does);
+  ``meta_data.json``; what the metadata says later changes that boot only where the script
+  reads it again (an idle guest waiting for its claim, the second read below);
 - with the warm mark (``osas-warm``) it prepares (packages, images), once per disk: a boot
   after a preparation that finished skips the work but not the rest. Every warm boot, after
   ``FakeNova.warm_prepare_seconds`` (the preparation, or the skip of it, and the script's own
-  start), prints ``osas-warm-prepared`` on the console, then for ``osas-warm-state`` shutoff
-  or absent powers itself off; for paused, suspended and shelved_offloaded it stays up, idle,
-  until the warm mark is gone from the metadata while it runs, and then joins (a claimed
-  server is unpaused or resumed with new metadata; an offloaded one is unshelved first, Nova
-  refusing metadata writes on it, and gets its new metadata once it runs). A later warm boot
-  that would power off (the preparation done before: osas started it for a claim) reads the
-  metadata again first and joins instead when the mark is gone, as the real script does
-  against the metadata service's cache;
+  start), prints ``osas-warm-prepared`` on the console, then:
+
+  - for ``osas-warm-state`` shutoff or absent, the boot that prepared powers itself off at
+    once. A later warm boot (the preparation done before: a host's reboot, or a start for a
+    claim whose first read saw the metadata it had while warm, as the real script may from
+    the metadata service's cache) waits another ``warm_prepare_seconds`` (the real script's
+    20 s), reads the metadata again and powers off only if the mark is still there; gone,
+    it joins. The simulator has no such cache: the re-read matters when the metadata is
+    replaced after the boot;
+  - for paused, suspended and shelved_offloaded it stays up, idle, until the warm mark is
+    gone from the metadata while it runs, and then joins (a claimed server is unpaused or
+    resumed with new metadata; an offloaded one, Nova refusing metadata writes on it, is
+    unshelved first: it boots with the mark still on, prints the marker again and waits for
+    the new metadata osas writes once it runs);
 - without the warm mark (a claimed server, a cold create) it joins the cluster at boot unless
   it joined before (kubelet.conf on its disk): the console gains ``osas-node-joined``.
 
 The preparation can hang (``Faults.warm_prepare_hangs``): that boot never prints the marker
-nor powers off; a later boot prepares again.
+nor powers off; a later boot prepares again. A step of the script (the preparation, the wait
+before the re-read) ends when it is due or, if the guest is paused then or Nova acts on the
+server, as soon as it runs again with no task under way.
 
 The console is what Nova's libvirt driver shows for a kvm guest with its default pty console:
 the log virtlogd writes with Nova's ``append="off"``, truncated whenever a QEMU process starts
@@ -84,6 +93,9 @@ class Guest:
     # The boot script's warm step: when it ends (real clock), and whether it then powers off.
     due: datetime | None = None
     powers_off: bool = False
+    # A later warm boot, the marker printed: at ``due`` it reads the metadata again, then
+    # powers off (still warm) or joins (claimed).
+    rechecks: bool = False
     idle: bool = False  # prepared, up, waiting for the warm mark to go
     # It powered itself off, its instance still ACTIVE: Nova's power-state sync records the
     # domain's power state (4, shutdown) and calls its stop API.
@@ -97,7 +109,7 @@ class Guest:
         runs never ends (asked only of a boot that prepares)."""
         self.booted, self.lines = True, ()
         self.running = True
-        self.idle = self.powered_off = False
+        self.idle = self.powered_off = self.rechecks = False
         self.due = None
         if WARM_MARK not in metadata:
             self.join()
@@ -106,27 +118,42 @@ class Guest:
         if self.prepared or not hangs:
             self.due = at + timedelta(seconds=seconds)
 
-    def warm_step_due(self, real: datetime) -> bool:
-        return self.due is not None and real >= self.due
+    def finish_warm_step(
+        self, metadata: Mapping[str, str], at: datetime, *, recheck_seconds: float
+    ) -> bool:
+        """The boot script's warm step ends at ``at`` (real clock). True when the guest then
+        powers itself off (it has: ``running`` is False), False when it goes on (idle,
+        waiting to read the metadata again, or joined).
 
-    def finish_warm_step(self, metadata: Mapping[str, str]) -> bool:
-        """The boot script's warm step ends: prepared, the marker printed. True when the guest
-        then powers itself off (it has: ``running`` is False), False when it stays up idle
-        (or, a later boot that reads ``metadata`` again and finds it claimed, joins)."""
+        The preparation (or its skip) ends: prepared, the marker printed; the guest stays up
+        idle (a pool kept paused, suspended or offloaded), powers off (the boot that
+        prepared), or, a later boot, waits ``recheck_seconds`` before it reads the metadata
+        again. The wait ends: ``metadata`` is that second read; still warm, the guest powers
+        off; claimed, it joins."""
         self.due = None
+        if self.rechecks:
+            self.rechecks = False
+            if WARM_MARK in metadata:
+                return self._power_off()
+            self.join()
+            return False
         again = self.prepared
         self.prepared = True
         self.lines += (PREPARED_LINE,)
-        if self.powers_off and again and WARM_MARK not in metadata:
-            self.join()
+        if not self.powers_off:
+            self.idle = True
             return False
-        if self.powers_off:
-            self.lines += _POWER_OFF_LINES
-            self.running = False
-            self.powered_off = True
-            return True
-        self.idle = True
-        return False
+        if again:
+            self.rechecks = True
+            self.due = at + timedelta(seconds=recheck_seconds)
+            return False
+        return self._power_off()
+
+    def _power_off(self) -> bool:
+        self.lines += _POWER_OFF_LINES
+        self.running = False
+        self.powered_off = True
+        return True
 
     def join(self) -> None:
         """Join the cluster, unless the disk says it did."""
@@ -143,7 +170,7 @@ class Guest:
     def halt(self) -> None:
         """The QEMU process ends and the guest with it (stopped, shelved, deleted): whatever
         its boot script still had to do is lost."""
-        self.running = self.idle = self.powered_off = False
+        self.running = self.idle = self.powered_off = self.rechecks = False
         self.due = None
 
     def freeze(self) -> None:

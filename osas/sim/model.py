@@ -40,17 +40,21 @@ as Nova's ``reverts_task_state`` and ``wrap_instance_fault`` do; a stalled one
 (``start_stalls``) stays ``powering-on`` until ``activate`` names it.
 
 Every server runs a guest (``osas.sim.guest``): osas's user data at each boot, and the console
-log ``console_output`` reads as Nova's ``os-getConsoleOutput`` does. A server whose metadata
-carries ``osas-warm`` when it boots prepares, prints ``osas-warm-prepared`` after
-``warm_prepare_seconds`` and, unless its ``osas-warm-state`` is paused or suspended, powers
-itself off: Nova's power-state sync records power state 4 and stops it (``powering-off``, then
-SHUTOFF after ``stop_seconds``), as for ``os-stop``. The preparation runs once per disk, but
-every boot with the warm mark prints the marker and powers off again after the same time (a
-warm server started by mistake goes back to SHUTOFF). One started without the mark (claimed)
-stays ACTIVE and joins: ``osas-node-joined`` on its console, once per disk; an idle guest
-(paused or suspended pool) joins when it runs without the mark. ``warm_prepare_hangs``: a
-preparation that never ends. Servers without the mark behave as they did: their guest only
-writes a console.
+log ``console_output`` reads as Nova's ``os-getConsoleOutput`` does. The guest reads the
+metadata when it boots. A server whose metadata carries ``osas-warm`` then prepares, prints
+``osas-warm-prepared`` after ``warm_prepare_seconds`` and, if its ``osas-warm-state`` is
+shutoff or absent, powers itself off: Nova's power-state sync records power state 4 and stops
+it (``powering-off``, then SHUTOFF after ``stop_seconds``), as for ``os-stop``. The preparation
+runs once per disk; a later boot with the warm mark prints the marker after the same time,
+waits as long again and reads the metadata a second time (the real script waits 20 s, the
+metadata service caching its answers): still warm, it powers off (a warm server started by
+mistake goes back to SHUTOFF); claimed meanwhile, it joins and stays ACTIVE. In a pool kept
+paused, suspended or shelved_offloaded the guest stays up, idle, with the marker on its
+console, and joins when it runs without the mark (an offloaded one is unshelved still warm,
+prints the marker again and waits for its claim). One started without the mark (claimed)
+stays ACTIVE and joins: ``osas-node-joined`` on its console, once per disk.
+``warm_prepare_hangs``: a preparation that never ends. Servers without the mark behave as they
+did: their guest only writes a console.
 """
 
 from __future__ import annotations
@@ -361,7 +365,8 @@ class FakeNova:
         # Nova's default policy lets only admins shelveOffload; the simulator's user is none.
         self.allow_shelve_offload = False
         # How long a warm guest's boot script runs before it prints its marker (and powers
-        # itself off, in a pool kept shut off): real clock, counted from the boot.
+        # itself off, in a pool kept shut off): real clock, counted from the boot. A later
+        # warm boot of such a pool waits as long again before it reads the metadata again.
         self.warm_prepare_seconds = 0.2
         # Nova's [serial_console] enabled: the console log of a server whose guest is not
         # running is read too (the last run's), where by default Nova answers 404.
@@ -1165,26 +1170,29 @@ class FakeNova:
         )
 
     def _advance_guest(self, server: FakeServer, real: datetime, now: datetime) -> None:
-        """The guest's boot script ends its warm step once it is due and the guest runs with no
-        task under way (paused, or while Nova acts on it, it waits). A guest that then powers
-        itself off leaves its instance ACTIVE with its domain shut down; Nova's power-state
-        sync calls its stop API for it, as for ``os-stop``: ``powering-off``, then SHUTOFF
-        (vm_state stopped, power_state 4) after ``stop_seconds``, ``updated`` bumped at each."""
+        """The guest's boot script ends its warm steps (the preparation; on a later boot of a
+        pool kept shut off, the wait before it reads the metadata again, as long again) once
+        each is due and the guest runs with no task under way (paused, or while Nova acts on
+        it, it waits). A guest that then powers itself off leaves its instance ACTIVE with its
+        domain shut down; Nova's power-state sync calls its stop API for it, as for
+        ``os-stop``: ``powering-off``, then SHUTOFF (vm_state stopped, power_state 4) after
+        ``stop_seconds``, ``updated`` bumped at each."""
         guest = server.guest
         if server.status == "DELETED":
             guest.halt()
             return
-        if not guest.warm_step_due(real) or not guest.running:
-            return
-        if server.status != "ACTIVE" or server.task_state is not None:
-            return
-        due = guest.due
-        if not guest.finish_warm_step(server.metadata):
-            _guest_looks(server)  # claimed while it prepared: it joins at once
-            return
-        self._begin(server, "stop", None)
-        server.phase_since = due
-        self._advance_action(server, real, now)
+        while guest.running and server.status == "ACTIVE" and server.task_state is None:
+            due = guest.due
+            if due is None or real < due:
+                return
+            if guest.finish_warm_step(
+                server.metadata, due, recheck_seconds=self.warm_prepare_seconds
+            ):
+                self._begin(server, "stop", None)
+                server.phase_since = due
+                self._advance_action(server, real, now)
+                return
+            _guest_looks(server)  # idle, and claimed while it prepared: it joins at once
 
     def _recheck_quota(self, server: FakeServer, now: datetime) -> None:
         """Nova's conductor re-checks the quota once the instance exists, counting every live
