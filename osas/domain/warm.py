@@ -50,26 +50,24 @@ class StateRules:
 
     ready: frozenset[str]  # Nova statuses of a server ready to claim
     resume: str  # the server action that starts it
-    # The action that takes a prepared server (the guest says so) into the state, if any.
+    # The action that takes a prepared server into the state; None: the guest powers itself
+    # off. With one, a prepared guest stays up (ACTIVE) and says so on its console.
     settle: str | None
-    # What a prepared server looks like before ``settle``: SHUTOFF (the guest powered itself
-    # off) or ACTIVE (the guest said so on its console and waits).
-    prepared: str
 
 
 RULES: Mapping[WarmState, StateRules] = {
-    WarmState.SHUTOFF: StateRules(frozenset({"SHUTOFF"}), "os-start", None, "SHUTOFF"),
-    WarmState.PAUSED: StateRules(frozenset({"PAUSED"}), "unpause", "pause", "ACTIVE"),
-    WarmState.SUSPENDED: StateRules(frozenset({"SUSPENDED"}), "resume", "suspend", "ACTIVE"),
+    WarmState.SHUTOFF: StateRules(frozenset({"SHUTOFF"}), "os-start", None),
+    WarmState.PAUSED: StateRules(frozenset({"PAUSED"}), "unpause", "pause"),
+    WarmState.SUSPENDED: StateRules(frozenset({"SUSPENDED"}), "resume", "suspend"),
     # Shelved but not yet offloaded (shelved_offload_time > 0) is claimable too. Nova refuses
     # metadata writes on a shelved server (409): a claim unshelves it first, and its guest,
     # prepared already, waits for the claim's metadata, as for paused and suspended.
     WarmState.SHELVED_OFFLOADED: StateRules(
-        frozenset({"SHELVED_OFFLOADED", "SHELVED"}), "unshelve", "shelve", "ACTIVE"
+        frozenset({"SHELVED_OFFLOADED", "SHELVED"}), "unshelve", "shelve"
     ),
 }
 # Nova statuses in which a server's metadata cannot be written: a claim starts it first.
-SHELVED = frozenset({"SHELVED_OFFLOADED", "SHELVED"})
+SHELVED = RULES[WarmState.SHELVED_OFFLOADED].ready
 # What a guest prints on its console once prepared, for the states osas settles it into
 # while it runs (paused, suspended).
 PREPARED_MARKER = "osas-warm-prepared"
@@ -102,7 +100,6 @@ class PoolPlan:
 
     ready: tuple[WarmServer, ...]  # claimable
     preparing: tuple[WarmServer, ...]  # on their way to ready (building, preparing, settling)
-    settle: tuple[WarmServer, ...]  # prepared: to be taken into the pool's state
     watch: tuple[WarmServer, ...]  # running, and only their console says whether prepared
     recycle: tuple[tuple[WarmServer, RecycleReason], ...]
     wanted: int  # servers the pool should hold
@@ -137,7 +134,6 @@ def plan_pool(
     rules = RULES[pool.state] if pool is not None else None
     ready: list[WarmServer] = []
     preparing: list[WarmServer] = []
-    settle: list[WarmServer] = []
     watch: list[WarmServer] = []
     recycle: list[tuple[WarmServer, RecycleReason]] = []
     for server in servers:
@@ -153,11 +149,8 @@ def plan_pool(
             preparing.append(server)
         elif server.status in rules.ready:
             ready.append(server)
-        elif server.status == rules.prepared and rules.settle is not None:
-            if rules.prepared == "ACTIVE":
-                watch.append(server)  # prepared only once its console says so
-            else:
-                settle.append(server)
+        elif server.status == "ACTIVE" and rules.settle is not None:
+            watch.append(server)  # prepared once its console says so
             preparing.append(server)
         else:
             preparing.append(server)  # ACTIVE: the guest is preparing
@@ -166,13 +159,10 @@ def plan_pool(
     held = len(ready) + len(preparing) + refilling - claims_coming
     missing = max(0, wanted - held)
     # The newest go first, those still preparing before those ready.
-    surplus = sorted(preparing, key=_age_order, reverse=True)
-    surplus += [s for s in reversed(ready[claims_coming:]) if s not in surplus]
-    surplus = [s for s in surplus if s not in settle and s not in watch]
+    surplus = [s for s in sorted(preparing, key=_age_order, reverse=True) if s not in watch]
+    surplus += reversed(ready[claims_coming:])
     recycle.extend((server, RecycleReason.SURPLUS) for server in surplus[: max(0, held - wanted)])
-    return PoolPlan(
-        tuple(ready), tuple(preparing), tuple(settle), tuple(watch), tuple(recycle), wanted, missing
-    )
+    return PoolPlan(tuple(ready), tuple(preparing), tuple(watch), tuple(recycle), wanted, missing)
 
 
 def _recycle_reason(
@@ -192,7 +182,7 @@ def _recycle_reason(
         age is not None
         and age > pool.prepare_timeout
         and server.status not in rules.ready
-        and not (server.status == rules.prepared and rules.settle is not None)
+        and not (server.status == "ACTIVE" and rules.settle is not None)
     ):
         return RecycleReason.PREPARE_TIMEOUT
     return None

@@ -308,8 +308,6 @@ class WarmKeeper:
         action = None if spec.warm_pool is None else RULES[spec.warm_pool.state].settle
         if action is None:
             return
-        for server in plan.settle[:_PER_PASS]:
-            await self._act(server.server_id, action)
         for server in plan.watch[:_PER_PASS]:
             try:
                 console = await self._cloud.console_output(server.server_id, _CONSOLE_LINES)
