@@ -9,23 +9,32 @@ the certificate, a certificate not valid now (expired or not yet valid), one tha
 cover ``tls.server_names``, a client CA that is not a certificate. The same checks run at start
 and in ``osas check-config``. Connections already open keep their session until the server's
 maximum connection age sends them away to handshake again.
+
+The certificates are read with asn1crypto, and the key is checked against the certificate by
+the standard library's ``ssl`` (OpenSSL): ``cryptography``'s native module would cost every
+``osas serve`` process some 9 MiB of memory for these few checks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import ipaddress
+import os
+import ssl
+import tempfile
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal
 
 import grpc
 import structlog
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from cryptography.x509.oid import NameOID
+from asn1crypto import x509
+from asn1crypto.pem import unarmor
 
 from osas.engine.userdata import relative_note
 from osas.service.settings import TlsFiles
@@ -101,51 +110,191 @@ def _utc(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _public_bytes(public_key: object) -> bytes:
-    return public_key.public_bytes(  # type: ignore[attr-defined, no-any-return]
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
+class _Unreadable(ValueError):
+    """Not a certificate asn1crypto can read."""
+
+
+# The PEM labels cryptography and OpenSSL read as a certificate; other blocks are skipped.
+_CERTIFICATE_LABELS = frozenset({"CERTIFICATE", "X509 CERTIFICATE"})
+
+
+def _certificates(data: bytes) -> list[x509.Certificate]:
+    """The certificates in a PEM file, parsed now (asn1crypto parses on access, and a value
+    that cannot parse must be refused here, not at a later read): raises _Unreadable when
+    there is none or one does not parse."""
+    with _asn1_errors():
+        certificates = [
+            x509.Certificate.load(der, strict=True)
+            for label, _, der in unarmor(data, multiple=True)
+            if label in _CERTIFICATE_LABELS
+        ]
+        for cert in certificates:
+            _parse(cert)
+    if not certificates:
+        raise _Unreadable("no certificate")
+    return certificates
+
+
+@contextlib.contextmanager
+def _asn1_errors() -> Iterator[None]:
+    """asn1crypto's errors on input it cannot read, as _Unreadable."""
+    try:
+        yield
+    except (ValueError, TypeError, KeyError) as exc:
+        raise _Unreadable(str(exc)) from None
+
+
+def _parse(cert: x509.Certificate) -> None:
+    """Parses every field now, so that a certificate gRPC could not load is refused here; the
+    extensions' values are parsed when read (the leaf's, for its names, in _identity)."""
+    tbs = cert["tbs_certificate"]
+    for field in tbs:
+        if field == "extensions":
+            for extension in tbs[field]:
+                _ = extension["extn_id"].native, extension["critical"].native
+        else:
+            _ = tbs[field].native
+    _ = cert["signature_algorithm"].native, cert["signature_value"].native
+
+
+def _moment(value: Any) -> datetime:
+    # RFC 5280 times are UTC ("Z"): one without a zone, or one a datetime cannot hold
+    # (asn1crypto's extended_datetime for year 0), is a certificate that does not parse.
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        raise _Unreadable("not a UTC time")
+    return value.astimezone(UTC)
+
+
+def _alt_names(cert: x509.Certificate, kind: str) -> list[str]:
+    """The subject alternative names of one kind, as the certificate spells them: asn1crypto's
+    ``.native`` would turn IDNA and percent-encoded names into Unicode, which no client
+    dials and no allow list spells."""
+    found: list[str] = []
+    for name in cert.subject_alt_name_value or ():
+        if name.name != kind:
+            continue
+        raw = name.chosen.contents
+        if kind == "ip_address":
+            found.append(str(ipaddress.ip_address(raw)))  # 4 or 16 bytes, else ValueError
+        else:
+            found.append(raw.decode())
+    return found
 
 
 def _identity(cert: x509.Certificate) -> ServerIdentity:
-    try:
-        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        dns: list[str] = []
-        ips: list[str] = []
-    else:
-        dns = san.get_values_for_type(x509.DNSName)
-        ips = [str(ip) for ip in san.get_values_for_type(x509.IPAddress)]
-    return ServerIdentity(
-        tuple(dns), tuple(ips), cert.not_valid_before_utc, cert.not_valid_after_utc
-    )
+    with _asn1_errors():
+        return ServerIdentity(
+            tuple(_alt_names(cert, "dns_name")),
+            tuple(_alt_names(cert, "ip_address")),
+            _moment(cert.not_valid_before),
+            _moment(cert.not_valid_after),
+        )
+
+
+def _common_name(cert: x509.Certificate) -> str | None:
+    """The subject's first common name, as cryptography's ``get_attributes_for_oid`` gave it."""
+    for relative in cert.subject.chosen:
+        for attribute in relative:
+            if attribute["type"].native == "common_name":
+                return str(attribute["value"].native)
+    return None
+
+
+class _PasswordNeeded(Exception):
+    """Raised from OpenSSL's password callback: an encrypted key cannot serve."""
+
+
+def _needs_no_password() -> bytes:
+    raise _PasswordNeeded
+
+
+@contextlib.contextmanager
+def _as_files(*blobs: bytes) -> Iterator[list[str]]:
+    """Paths that read as ``blobs``, for OpenSSL, which loads a key from a file only: memory
+    files where Linux has them (the key is never written to a disk, and the check is of the
+    bytes already read, not of files that may have changed since), else a private folder."""
+    with contextlib.ExitStack() as stack:
+        try:
+            paths = [_memory_file(stack, blob) for blob in blobs]
+        except OSError:
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="osas-tls-")))
+            paths = []
+            for number, blob in enumerate(blobs):
+                path = folder / str(number)  # the folder is the user's alone (mode 0700)
+                path.write_bytes(blob)
+                paths.append(str(path))
+        yield paths
+
+
+def _memory_file(stack: contextlib.ExitStack, blob: bytes) -> str:
+    if not hasattr(os, "memfd_create"):
+        raise OSError("no memfd_create here")
+    fd = os.memfd_create("osas-tls", os.MFD_CLOEXEC)
+    stack.callback(os.close, fd)
+    with open(fd, "wb", closefd=False) as file:
+        file.write(blob)
+    path = f"/proc/self/fd/{fd}"
+    if not Path(path).exists():  # /proc not mounted
+        raise FileNotFoundError(path)
+    return path
+
+
+# OpenSSL's reasons when the key loaded but is not the certificate's: another key of the same
+# type, or of another type (then OpenSSL files it beside the certificate, with none of its own).
+_MISMATCH_REASONS = frozenset(
+    {"KEY_VALUES_MISMATCH", "KEY_TYPE_MISMATCH", "NO_CERTIFICATE_ASSIGNED"}
+)
+
+
+def _key_fit(material: _Material) -> Literal["fits", "unreadable", "mismatch"]:
+    """Whether the key is an unencrypted PEM private key for the first certificate of the
+    chain, as OpenSSL reads the two files. Raises OSError when they cannot be written."""
+    with _as_files(material.chain, material.key) as (chain_path, key_path):
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        # Security level 0: the question is whether the pair matches, not whether this
+        # OpenSSL's policy likes the key's size or the signature's hash (gRPC serves with its
+        # own BoringSSL, which has no such levels).
+        context.set_ciphers("ALL:@SECLEVEL=0")
+        try:
+            # A callable that raises: OpenSSL never prompts on a terminal for a password.
+            context.load_cert_chain(chain_path, key_path, password=_needs_no_password)
+        except _PasswordNeeded:
+            return "unreadable"
+        except ssl.SSLError as exc:
+            return "mismatch" if exc.reason in _MISMATCH_REASONS else "unreadable"
+        except OSError:  # _ssl reports a failed load as OSError when errno happens to be set
+            return "unreadable"
+    return "fits"
 
 
 def _check(material: _Material, files: TlsFiles, now: datetime) -> ServerIdentity:
     """Everything a handshake will need of these files, checked now: raises CertificateError
     naming the file and the reason, else the server identity they present."""
     try:
-        chain = x509.load_pem_x509_certificates(material.chain)
-    except ValueError:
+        identity = _identity(_certificates(material.chain)[0])
+    except _Unreadable:
         raise CertificateError(f"{files.cert_file} holds no PEM certificate") from None
     try:
-        key = serialization.load_pem_private_key(material.key, password=None)
-    except (ValueError, TypeError):
+        fit = _key_fit(material)
+    except OSError as exc:
+        raise CertificateError(
+            f"cannot check the key in {files.key_file}: {exc.strerror or exc}"
+        ) from None
+    if fit == "unreadable":
         raise CertificateError(
             f"{files.key_file} holds no PEM private key (or one that needs a password)"
-        ) from None
+        )
     try:
-        x509.load_pem_x509_certificates(material.client_ca)
-    except ValueError:
+        _certificates(material.client_ca)
+    except _Unreadable:
         raise CertificateError(
             f"{files.client_ca_file} holds no PEM certificate (the CA of the clients' certificates)"
         ) from None
-    if _public_bytes(chain[0].public_key()) != _public_bytes(key.public_key()):
+    if fit == "mismatch":
         raise CertificateError(
             f"the private key in {files.key_file} does not match the certificate "
             f"in {files.cert_file}"
         )
-    identity = _identity(chain[0])
     if now < identity.not_before:
         raise CertificateError(
             f"the certificate in {files.cert_file} is not valid before {_utc(identity.not_before)}"
@@ -269,18 +418,15 @@ class ClientIdentity:
 
 
 def client_identity(pem: bytes) -> ClientIdentity:
-    cert = x509.load_pem_x509_certificate(pem)
-    common = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    try:
-        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        dns: tuple[str, ...] = ()
-        uris: tuple[str, ...] = ()
-    else:
-        dns = tuple(san.get_values_for_type(x509.DNSName))
-        uris = tuple(san.get_values_for_type(x509.UniformResourceIdentifier))
-    common_name = str(common[0].value) if common else None
-    return ClientIdentity(common_name, dns, uris, cert.not_valid_after_utc)
+    """The identity in a client's PEM certificate; ValueError when it holds none."""
+    cert = _certificates(pem)[0]
+    with _asn1_errors():
+        return ClientIdentity(
+            _common_name(cert),
+            tuple(_alt_names(cert, "dns_name")),
+            tuple(_alt_names(cert, "uniform_resource_identifier")),
+            _moment(cert.not_valid_after),
+        )
 
 
 class ClientAllowList:
