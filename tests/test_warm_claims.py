@@ -394,6 +394,37 @@ async def test_each_state_a_pool_keeps_is_reached_and_claimed_from(tmp_path, sta
             await provider.stop()
 
 
+@pytest.mark.parametrize("state", ["paused", "shelved_offloaded"])
+async def test_a_preparation_that_hangs_in_a_pool_osas_settles_is_recycled(tmp_path, state):
+    """A guest whose preparation hangs stays ACTIVE, as a prepared one waiting to be paused
+    or shelved does: past prepare_timeout its console, still without the marker, says which,
+    and it is recycled (reason prepare-timeout) and the pool refilled; before, it was counted
+    as preparing for ever and the pool never filled."""
+    nova = FakeNova(build_seconds=0.05)
+    nova.faults.warm_prepare_hangs = 1
+    with SimulatedOpenStack(nova) as sim:
+        config = warm_config(tmp_path, size=1, state=state, prepare_timeout="2s")
+        provider = Provider(config, cloud_for(sim))
+        await provider.start()
+        try:
+            async with ca_client(provider.address) as ca:
+
+                async def hanging() -> bool:
+                    return len(warm_servers(sim)) == 1
+
+                await until(sim, ca, hanging)
+                (hung,) = warm_servers(sim)
+                await until(sim, ca, lambda: ready(provider, 1))
+                (waiting,) = warm_servers(sim)
+                assert waiting.server_id != hung.server_id
+                assert deleted(sim) == [hung.server_id]
+                labels = {"group": "big", "reason": "prepare-timeout"}
+                assert provider.app.registry.get_sample_value("osas_warm_recycled_total", labels)
+                assert nova.faults.warm_prepare_hangs == 0  # the fault hit the first guest
+        finally:
+            await provider.stop()
+
+
 class LostClaimAnswer(FakeCloud):
     """Nova takes the claim's metadata write, and its answer is lost (once)."""
 

@@ -25,7 +25,7 @@ from support import (
 
 from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST, META_WARM, WarmServer
 from osas.domain.specs import NodeGroupSpec, WarmPoolSpec, WarmState
-from osas.domain.warm import WarmPool, plan_pool
+from osas.domain.warm import PREPARED_MARKER, WarmPool, plan_pool, prepare_overdue
 from osas.engine.userdata import SecretFiles, warm_fingerprint
 from osas.sim import SimulatedOpenStack
 from osas.sim.model import FakeNova, FakeServer
@@ -175,6 +175,24 @@ def _warm(index: int, status: str = "SHUTOFF", **fields: object) -> WarmServer:
         **fields,
     }
     return WarmServer(**values)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("state", ["paused", "suspended", "shelved_offloaded"])
+def test_a_running_server_of_a_pool_osas_settles_is_judged_by_its_console(state):
+    """ACTIVE in such a pool is a guest preparing or one prepared and waiting: it is watched,
+    never recycled on age alone; past prepare_timeout a console without the marker says its
+    preparation hung, one with it says it waits to be settled."""
+    spec = _spec(state=WarmState(state), prepare_timeout=600.0)
+    assert spec.warm_pool is not None
+    late, early = _warm(0, "ACTIVE", created=0.0), _warm(1, "ACTIVE", created=900.0)
+    plan = plan_pool(spec, [late, early], "fp", 0, 1000.0)
+    assert not plan.recycle
+    assert {s.server_id for s in plan.watch} == {"s0", "s1"}
+    hung, prepared = "booting\nimages pulled\n", f"images pulled\n{PREPARED_MARKER}\n"
+    assert prepare_overdue(spec.warm_pool, late, hung, 1000.0)
+    assert not prepare_overdue(spec.warm_pool, late, prepared, 1000.0)
+    assert not prepare_overdue(spec.warm_pool, early, hung, 1000.0)  # still in time
+    assert not prepare_overdue(spec.warm_pool, _warm(2, "ACTIVE", created=None), hung, 1000.0)
 
 
 def test_a_pool_is_judged_server_by_server():

@@ -182,10 +182,21 @@ def _recycle_reason(
         age is not None
         and age > pool.prepare_timeout
         and server.status not in rules.ready
+        # ACTIVE in a pool osas settles: a prepared guest waits there too; only its console
+        # tells a hung preparation from a finished one (``prepare_overdue``, after the read).
         and not (server.status == "ACTIVE" and rules.settle is not None)
     ):
         return RecycleReason.PREPARE_TIMEOUT
     return None
+
+
+def prepare_overdue(pool: WarmPoolSpec, server: WarmServer, console: str, now: float) -> bool:
+    """A running server of a pool osas settles (paused, suspended, offloaded) whose console,
+    just read, still lacks the marker past ``prepare_timeout``: its preparation hung, and it
+    is recycled rather than counted as preparing for ever."""
+    if PREPARED_MARKER in console or server.created is None:
+        return False
+    return now - server.created > pool.prepare_timeout
 
 
 def _age_order(server: WarmServer) -> tuple[float, str]:

@@ -35,6 +35,7 @@ from osas.domain.warm import (
     RecycleReason,
     finished_metadata,
     plan_pool,
+    prepare_overdue,
     resume_action,
     still_claimed,
     still_warm,
@@ -304,18 +305,23 @@ class WarmKeeper:
                 del self._refills[key]
 
     async def _settle(self, spec: NodeGroupSpec, plan: PoolPlan) -> None:
-        """Prepared servers taken into the state the pool keeps them in."""
-        action = None if spec.warm_pool is None else RULES[spec.warm_pool.state].settle
-        if action is None:
+        """Prepared servers taken into the state the pool keeps them in; those whose
+        preparation hung (no marker past ``prepare_timeout``) recycled."""
+        pool = spec.warm_pool
+        action = None if pool is None else RULES[pool.state].settle
+        if pool is None or action is None:
             return
         for server in plan.watch[:_PER_PASS]:
             try:
                 console = await self._cloud.console_output(server.server_id, _CONSOLE_LINES)
             except CloudError as exc:
+                # Unread, nothing is known of its preparation: judged again at the next pass.
                 logger.debug("console log unread", server_id=server.server_id, reason=str(exc))
                 continue
             if PREPARED_MARKER in console:
                 await self._act(server.server_id, action)
+            elif prepare_overdue(pool, server, console, self._wall()):
+                await self._recycle(spec.group_id, server.server_id, RecycleReason.PREPARE_TIMEOUT)
 
     async def _act(self, server_id: str, action: str) -> bool:
         try:
