@@ -603,6 +603,26 @@ def osas_serve(
         process.stderr.close()
 
 
+def killable_config(
+    tmp_path: Path, sim: SimulatedOpenStack, group: dict[str, Any], **reconcile: Any
+) -> Path:
+    """The configuration of ``osas serve`` processes a test kills: one group, the simulator's
+    credentials, short timeouts, eight workers, quick syncs (``reconcile`` over them)."""
+    data = config_data(
+        openstack={"auth": sim.clouds_yaml_entry()["auth"], "api_timeout": "2s"},
+        node_groups=[group],
+        queue={"capacity": 50, "workers": 8},
+        reconcile={
+            "interval": "0.3s",
+            "full_resync_interval": "1h",
+            "max_inventory_age": "1h",
+            "retry_backoff": "0.05s",
+            **reconcile,
+        },
+    )
+    return write_config(tmp_path, data)
+
+
 class ServedOsas:
     """``osas serve`` as a process of its own, as in production: its JSON events read from
     stderr on a thread as they come (so that a chatty process never blocks on a full pipe),

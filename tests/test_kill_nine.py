@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -21,12 +19,11 @@ from support import (
     NovaWatch,
     ServedOsas,
     ca_client,
-    config_data,
     eventually,
     expect_status,
     increase_once_allowed,
     kept,
-    write_config,
+    killable_config,
 )
 
 from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST, TAG_REQUEST_PREFIX
@@ -60,22 +57,6 @@ def seed_an_hour_ago(sim: SimulatedOpenStack, count: int) -> list[str]:
     return ids
 
 
-def osas_config(tmp_path: Path, sim: SimulatedOpenStack, **reconcile: Any) -> Path:
-    data = config_data(
-        openstack={"auth": sim.clouds_yaml_entry()["auth"], "api_timeout": "2s"},
-        node_groups=[GROUP],
-        queue={"capacity": 50, "workers": 8},
-        reconcile={
-            "interval": "0.3s",
-            "full_resync_interval": "1h",
-            "max_inventory_age": "1h",
-            "retry_backoff": "0.05s",
-            **reconcile,
-        },
-    )
-    return write_config(tmp_path, data)
-
-
 def live(sim: SimulatedOpenStack) -> list[str]:
     """Servers of the group that Nova is not deleting."""
     return [
@@ -91,7 +72,7 @@ async def test_a_delete_answered_ok_is_carried_out_even_if_osas_is_killed_at_onc
     expects 3. Now the DELETEs reach Nova before the answer, Nova slow as it may be."""
     with SimulatedOpenStack(FakeNova(build_seconds=0.05, delete_seconds=0.5)) as sim:
         ids = seed_an_hour_ago(sim, MAX)
-        path = osas_config(tmp_path, sim, hold_after_start=False)
+        path = killable_config(tmp_path, sim, GROUP, hold_after_start=False)
         with ServedOsas(path) as osas:
             osas.wait_for("health SERVING")
             sim.nova.faults.latency = 0.5  # every Nova call takes half a second
@@ -122,7 +103,7 @@ async def test_creates_in_novas_api_during_a_kill_never_take_a_group_beyond_max(
     stall = 4.5  # Nova stores the creates 4.5 s after they were sent: within the window
     with SimulatedOpenStack(FakeNova(build_seconds=0.05)) as sim:
         seed_an_hour_ago(sim, 3)
-        path = osas_config(tmp_path, sim, create_doubt_window=f"{window}s")
+        path = killable_config(tmp_path, sim, GROUP, create_doubt_window=f"{window}s")
         watch = NovaWatch(sim)
         try:
             with ServedOsas(path) as first:

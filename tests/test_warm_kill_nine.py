@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 
 import pytest
 from support import (
@@ -21,12 +20,11 @@ from support import (
     ServedOsas,
     ca_client,
     check_warm_invariants,
-    config_data,
     increase_once_allowed,
     kept,
+    killable_config,
     node_servers,
     warm_servers,
-    write_config,
 )
 
 from osas.domain.servers import META_CLAIMED
@@ -49,22 +47,6 @@ GROUP = {
 }
 
 
-def osas_config(tmp_path: Path, sim: SimulatedOpenStack) -> Path:
-    data = config_data(
-        openstack={"auth": sim.clouds_yaml_entry()["auth"], "api_timeout": "2s"},
-        node_groups=[GROUP],
-        queue={"capacity": 50, "workers": 8},
-        reconcile={
-            "interval": "0.2s",
-            "full_resync_interval": "2s",
-            "max_inventory_age": "1h",
-            "retry_backoff": "0.05s",
-            "create_doubt_window": "3s",
-        },
-    )
-    return write_config(tmp_path, data)
-
-
 async def wait_pool_ready(sim: SimulatedOpenStack, count: int, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while len([s for s in warm_servers(sim) if s.status == "SHUTOFF"]) < count:
@@ -80,7 +62,14 @@ async def test_a_kill_during_claims_loses_no_claimed_server_and_never_passes_max
     nova.start_seconds = 0.5
     nova.warm_prepare_seconds = 0.1
     with SimulatedOpenStack(nova) as sim:
-        path = osas_config(tmp_path, sim)
+        path = killable_config(
+            tmp_path,
+            sim,
+            GROUP,
+            interval="0.2s",
+            full_resync_interval="2s",
+            create_doubt_window="3s",
+        )
         watch = NovaWatch(sim, nodes_only=True)
         try:
             with ServedOsas(path) as first:
