@@ -2682,3 +2682,42 @@ def test_a_server_answered_and_read_gone_before_any_listing_showed_it_leaves_vie
     assert orders.count(EventKind.CREATE_VANISHED) == 1
     assert inv.target_size("workers") == 0
     assert inv.ledger.create(request_id) is None
+
+
+def test_a_nodes_answer_is_kept_until_anything_it_is_made_of_changes():
+    """NodeGroupForNode's answer is worked out (the node checked, found, its max size) once
+    per node description (its fingerprint), and given again until the servers, the ledger, the
+    quota or the configuration change; the answers nodes share are one object."""
+    spec = cluster(node_group("workers", max_size=10))
+    listed = server("workers", name="w-1")
+    inv = inventory(spec, listed)
+    checked: list[str] = []
+
+    def check(node: NodeInfo) -> None:
+        checked.append(node.name)
+        check_node(node)
+
+    node = NodeInfo("w-1", f"openstack:///{listed.server_id}", fingerprint=7)
+    answer = inv.node_answer(node, NOW, check)
+    assert answer == (spec.group("workers"), 10)
+    assert inv.node_answer(node, NOW, check) is answer
+    assert checked == ["w-1"]
+    # Another node: worked out (not ours), and kept too.
+    stranger = NodeInfo("x-1", "openstack:///0b7c2a84-8b3a-4c1e-9d7e-1a2b3c4d5e6f", fingerprint=8)
+    assert inv.node_answer(stranger, NOW, check) is None
+    assert inv.node_answer(stranger, NOW, check) is None
+    assert checked == ["w-1", "x-1"]
+    # A node of the same group, under its own fingerprint: the same answer object.
+    twin = NodeInfo("w-1", f"openstack:///{listed.server_id}", fingerprint=9)
+    assert inv.node_answer(twin, NOW, check) is answer
+    # The quota read: the max size CA is told moves, and so does the answer.
+    inv.snapshot.set_flavor("workers", LARGE)
+    inv.quota.read(quota(instances=4, used=(1, 0, 0)), {})
+    assert inv.node_answer(node, NOW, check) == (spec.group("workers"), 1 + 3)
+    # A create accepted: the target is 2 (the quota not yet spent: still 3 more).
+    queued(inv)
+    assert inv.node_answer(node, NOW, check) == (spec.group("workers"), 2 + 3)
+    assert checked == ["w-1", "x-1", "w-1", "w-1", "w-1"]
+    # The server gone from a listing: the node is no longer one of ours.
+    full_sync(inv)
+    assert inv.node_answer(node, NOW, check) is None

@@ -287,10 +287,8 @@ async def test_foreign_servers_are_never_listed_reported_or_deleted(sim, tmp_pat
         controller = provider.app.controller
         assert [i.instance_id for i in controller.group("workers").nodes()] == [provider_id(ours)]
         for server in foreign:
-            assert controller.node_group_for_node(NodeInfo(server.name, "")) is None
-            assert (
-                controller.node_group_for_node(NodeInfo("n", provider_id(server.server_id))) is None
-            )
+            assert controller.node_answer(NodeInfo(server.name, "")) is None
+            assert controller.node_answer(NodeInfo("n", provider_id(server.server_id))) is None
     finally:
         await provider.stop()
     assert all(nova.get_server(s.server_id) is not None for s in foreign)

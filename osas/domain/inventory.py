@@ -8,16 +8,24 @@ listing: listings and ledger changes are applied between reads, never across an 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 
 from osas.domain.ids import ProviderIdFormat, parse_placeholder_id, placeholder_id
 from osas.domain.ledger import CreateState, Ledger, LedgerSettings
+from osas.domain.limits import NodeInfo
 from osas.domain.quota import GroupHeadroom, QuotaBook
 from osas.domain.servers import ErrorInfo, Flavor, Server, classify_fault
 from osas.domain.snapshot import Snapshot
 from osas.domain.specs import ClusterSpec, NodeGroupSpec, WarmState
 from osas.domain.warm import WarmPool
+
+# Node descriptions whose answers are kept at most: more than a cluster has nodes.
+_KEPT_ANSWERS = 100_000
+# NodeGroupForNode's answer: the node's group and the max size CA is told, or None.
+NodeAnswer = tuple[NodeGroupSpec, int] | None
+_UNKNOWN = object()  # no answer kept for a node
 
 
 class InstanceState(IntEnum):
@@ -51,6 +59,10 @@ class Inventory:
         self._headrooms: dict[str, GroupHeadroom] = {}
         self._headroom_key = (-1, -1)
         self._headroom_cluster: ClusterSpec | None = None
+        # node fingerprint -> answer, all made under ``_answers_key`` (``node_answer``)
+        self._answers: dict[int, NodeAnswer] = {}
+        self._distinct: dict[tuple[str, int], tuple[NodeGroupSpec, int]] = {}
+        self._answers_key: tuple[int, int, int, int, ClusterSpec | None] = (-1, -1, -1, -1, None)
 
     # -- sync state -------------------------------------------------------------------------------
 
@@ -177,6 +189,49 @@ class Inventory:
                 instance_id = placeholder_id(group_id, create.request_id)
                 result.append(Instance(instance_id, InstanceState.CREATING))
         return result
+
+    def node_answer(
+        self, node: NodeInfo, now: float, check: Callable[[NodeInfo], None]
+    ) -> NodeAnswer:
+        """NodeGroupForNode's answer: the node's group (``group_for_node``, the node passed
+        through ``check`` first) and the max size CA is told (``reported_max``), or None when
+        the node is not one of ours. CA asks it of every node on every loop, and it changes
+        only with the servers, the creates and deletes, the holds, the quota, the flavors or
+        the configuration (not with time alone: a hold ends at a listing, which changes the
+        ledger): kept per node description (its fingerprint) until one of those changes. A
+        warm-pool group's answer is never kept: its max size moves with the pool. The
+        fingerprint stands for the whole description (SipHash of its canonical bytes, keyed
+        per process): two nodes share one by chance about once in 10^19 pairs, as
+        ``CheckedNodes`` trusts it for a node's check."""
+        key = (
+            self.snapshot.changes,
+            self.ledger.changes,
+            self.quota.version,
+            self.snapshot.flavors_version,
+            self.ledger.cluster,
+        )
+        if key != self._answers_key:
+            self._answers_key = key
+            self._answers.clear()
+            self._distinct.clear()
+        fingerprint = node.fingerprint
+        kept = _UNKNOWN if fingerprint is None else self._answers.get(fingerprint, _UNKNOWN)
+        if kept is not _UNKNOWN:
+            return kept  # type: ignore[return-value]  # an answer: _UNKNOWN ruled out
+        check(node)
+        group_id = self.group_for_node(node.name, node.provider_id)
+        spec = None if group_id is None else self.cluster.group(group_id)
+        answer: NodeAnswer = None
+        if spec is not None:
+            max_size = self.reported_max(spec, now)
+            # One object per answer, shared by the nodes that get it: a node kept costs its
+            # fingerprint and an entry, some 80 bytes (4 MiB for 50,000 nodes).
+            answer = self._distinct.setdefault((spec.group_id, max_size), (spec, max_size))
+        if fingerprint is not None and (spec is None or spec.warm_pool is None):
+            if len(self._answers) >= _KEPT_ANSWERS:
+                self._answers.clear()
+            self._answers[fingerprint] = answer
+        return answer
 
     def group_for_node(self, name: str, provider_id: str) -> str | None:
         """The node group of a Kubernetes node, None when it is not one of ours."""

@@ -310,6 +310,9 @@ class Ledger:
         self._above_max: set[str] = set()  # groups reported ABOVE_MAX_KEPT
         self._shared_reported: set[str] = set()  # requests reported SHARED_REQUEST_KEPT
         self._generations: dict[str, int] = {}
+        # Bumped with every group's generation (creates, marks, holds): what CA is told of any
+        # group may have changed.
+        self.changes = 0
         self._generation = 0
         self._first_sync_done = False
         # False on a standby: the servers another process (the writer) makes are adopted
@@ -1070,6 +1073,7 @@ class Ledger:
 
     def _changed(self, group_id: str) -> None:
         self._generations[group_id] = self._generations.get(group_id, 0) + 1
+        self.changes += 1
 
     def _set_state(self, create: Create, state: CreateState) -> None:
         create.state = state

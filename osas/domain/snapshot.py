@@ -77,6 +77,7 @@ class Snapshot:
     _claimed: set[str] = field(default_factory=set)
     listed_at: float | None = None  # when the last listing was applied; None before the first
     flavors_version: int = 0  # bumped whenever a group's flavor changes
+    changes: int = 0  # bumped with every group's generation: any server added, changed or gone
 
     # -- reads ------------------------------------------------------------------------------------
 
@@ -132,6 +133,7 @@ class Snapshot:
 
     def _touch(self, group_id: str) -> None:
         self._generations[group_id] = self._generations.get(group_id, 0) + 1
+        self.changes += 1
 
     def flavor(self, group_id: str) -> Flavor | None:
         return self._flavors.get(group_id)

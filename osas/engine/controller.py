@@ -24,7 +24,7 @@ from osas.domain.errors import (
     PreconditionFailed,
 )
 from osas.domain.ids import ServerNode, parse_node
-from osas.domain.inventory import Instance, Inventory
+from osas.domain.inventory import Instance, Inventory, NodeAnswer
 from osas.domain.ledger import DeleteOutcome, DeletePlan, Orders
 from osas.domain.limits import CheckedNodes, NodeInfo, check_nodes
 from osas.domain.options import AutoscalingOptions, group_options, options_refusal
@@ -202,12 +202,15 @@ class Controller(ConfiguredAnswers):
         # once per node per loop.
         return self.inventory.reported_max(spec, time.monotonic())
 
-    def node_group_for_node(self, node: NodeInfo) -> NodeGroupSpec | None:
+    def node_answer(self, node: NodeInfo) -> NodeAnswer:
+        """NodeGroupForNode: the node's group and the max size CA is told (the same as
+        NodeGroups says, ``reported_max``), or None when the node is not one of ours."""
         self.check_ready()
-        spec = self._group_of(node)
-        if spec is not None and self.reconciler.unjoined.watching(spec.group_id):
-            self._seen_joined(spec.group_id, node)
-        return spec
+        # The event loop's clock, as in reported_max.
+        answer = self.inventory.node_answer(node, time.monotonic(), self._checked_nodes.check)
+        if answer is not None and self.reconciler.unjoined.watching(answer[0].group_id):
+            self._seen_joined(answer[0].group_id, node)
+        return answer
 
     def _seen_joined(self, group_id: str, node: NodeInfo) -> None:
         """CA asks NodeGroupForNode of every Node it lists: one that is not a fake of its

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 
 from osas.domain.errors import NodeNotFound, NotReady
+from osas.domain.inventory import NodeAnswer
 from osas.domain.limits import NodeInfo
 from osas.domain.sizing import require_group
 from osas.domain.specs import ClusterSpec, NodeGroupSpec
@@ -97,12 +98,12 @@ class PlacesController(ConfiguredAnswers):
         self.check_ready()
         return tuple(spec for c in self._synced() for spec in c.cluster.node_groups)
 
-    def node_group_for_node(self, node: NodeInfo) -> NodeGroupSpec | None:
+    def node_answer(self, node: NodeInfo) -> NodeAnswer:
         self.check_ready()
         for controller in self._synced():
-            spec = controller.node_group_for_node(node)
-            if spec is not None:
-                return spec  # Nova's uuids are unique across regions and clouds
+            answer = controller.node_answer(node)
+            if answer is not None:
+                return answer  # Nova's uuids are unique across regions and clouds
         return None
 
     def node_price(self, node: NodeInfo, start: float, end: float) -> float:

@@ -77,11 +77,10 @@ class CloudProviderServicer:
         )
 
     def NodeGroupForNode(self, request: pb.NodeGroupForNodeRequest, context: Context) -> Serialized:
-        controller = self._controller
-        spec = controller.node_group_for_node(translate.node_info(request.node))
-        if spec is None:
+        answer = self._controller.node_answer(translate.node_info(request.node))
+        if answer is None:
             return _NOT_OURS
-        max_size = controller.reported_max(spec)
+        spec, max_size = answer
         cached = self._for_node.get(spec.group_id)
         if cached is None or cached[0] is not spec or cached[1] != max_size:
             group = translate.node_group(spec, max_size)
