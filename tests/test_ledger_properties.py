@@ -24,7 +24,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from osas.domain.errors import OsasError
-from osas.domain.limits import NodeInfo, check_node
 from osas.domain.ids import ProviderIdFormat, placeholder_id
 from osas.domain.inventory import InstanceState, Inventory, NodeAnswer
 from osas.domain.ledger import (
@@ -41,6 +40,7 @@ from osas.domain.ledger import (
     Orders,
     Refused,
 )
+from osas.domain.limits import NodeInfo, check_node
 from osas.domain.quota import Allowance, ProjectQuota
 from osas.domain.servers import ErrorClass, ErrorInfo, Server
 from osas.domain.sizing import plan_decrease, plan_delete, plan_increase
