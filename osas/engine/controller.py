@@ -206,8 +206,7 @@ class Controller(ConfiguredAnswers):
         """NodeGroupForNode: the node's group and the max size CA is told (the same as
         NodeGroups says, ``reported_max``), or None when the node is not one of ours."""
         self.check_ready()
-        # The event loop's clock, as in reported_max.
-        answer = self.inventory.node_answer(node, time.monotonic(), self._checked_nodes.check)
+        answer = self._answer_of(node)
         if answer is not None and self.reconciler.unjoined.watching(answer[0].group_id):
             self._seen_joined(answer[0].group_id, node)
         return answer
@@ -232,14 +231,14 @@ class Controller(ConfiguredAnswers):
             self._metrics.deleted_before_joining.labels(group_id).inc(added)
         log_group_problems(changes, self._metrics)
 
-    def _group_of(self, node: NodeInfo) -> NodeGroupSpec | None:
-        self._checked_nodes.check(node)
-        group_id = self.inventory.group_for_node(node.name, node.provider_id)
-        return None if group_id is None else self.cluster.group(group_id)
+    def _answer_of(self, node: NodeInfo) -> NodeAnswer:
+        # The event loop's clock, as in reported_max.
+        return self.inventory.node_answer(node, time.monotonic(), self._checked_nodes.check)
 
     def node_price(self, node: NodeInfo, start: float, end: float) -> float:
         self.check_ready()
-        spec = self._group_of(node)
+        answer = self._answer_of(node)
+        spec = None if answer is None else answer[0]
         if spec is None:
             # Template nodes of the price expander carry no provider id: match the flavor.
             instance_type = node.labels.get(LABEL_INSTANCE_TYPE)

@@ -308,8 +308,10 @@ class WarmKeeper:
         """Prepared servers taken into the state the pool keeps them in; those whose
         preparation hung (no marker past ``prepare_timeout``) recycled."""
         pool = spec.warm_pool
-        action = None if pool is None else RULES[pool.state].settle
-        if pool is None or action is None:
+        if pool is None:
+            return
+        action = RULES[pool.state].settle
+        if action is None:
             return
         for server in plan.watch[:_PER_PASS]:
             try:
