@@ -1808,6 +1808,40 @@ def test_stray_after_the_first_full_sync_is_adopted_within_max():
     assert full_sync(inv, *inv.snapshot.servers(), now=120.0).count(EventKind.STRAY_ADOPTED) == 0
 
 
+def test_a_request_once_known_stays_known_until_a_complete_listing_shows_none_of_it():
+    """No stray is a request osas knows: its own settled create, or one whose server was
+    listed. A server of it that leaves and comes back before the next complete listing is
+    no stray; a stray's second server is its request's (a shared request), not a second
+    stray. Once a complete listing shows none of a request, a server of it is a stray again."""
+    inv = inventory(None, server())
+    request_id, answered = created(inv)
+    ours = server(server_id=answered.server_id, request_id=request_id)
+    assert changes(inv, [ours], now=110.0).count(EventKind.CREATE_SETTLED) == 1
+    # Left and back, before any complete listing: the settled create's, known.
+    changes(inv, [], [ours.server_id], now=111.0)
+    assert ours.server_id not in inv.snapshot
+    assert changes(inv, [ours], now=112.0).count(EventKind.STRAY_ADOPTED) == 0
+    # A complete listing shows it: known from now on by being listed.
+    full_sync(inv, *inv.snapshot.servers(), now=113.0)
+    changes(inv, [], [ours.server_id], now=114.0)
+    assert changes(inv, [ours], now=115.0).count(EventKind.STRAY_ADOPTED) == 0
+    stray = server(request_id=rid())
+    assert changes(inv, [stray], now=116.0).count(EventKind.STRAY_ADOPTED) == 1
+    twin = server(request_id=stray.request_id)
+    orders = changes(inv, [twin], now=117.0)
+    assert orders.count(EventKind.STRAY_ADOPTED) == 0
+    assert orders.count(EventKind.SHARED_REQUEST_KEPT) == 1
+    assert orders.deletes == ()
+    # Gone, and a complete listing without it: forgotten, so its return is a stray again.
+    kept = [s for s in inv.snapshot.servers() if s.request_id != request_id]
+    changes(inv, [], [ours.server_id], now=118.0)
+    full_sync(inv, *kept, now=119.0)
+    orders = changes(inv, [ours], now=120.0)
+    assert [e.server_id for e in orders.events if e.kind is EventKind.STRAY_ADOPTED] == [
+        ours.server_id
+    ]
+
+
 @pytest.mark.parametrize("listing", ["full", "incremental"])
 def test_strays_above_max_are_adopted_and_reported_never_deleted(listing):
     """A late server of a create this process never made (an earlier osas's) is not osas's

@@ -303,9 +303,14 @@ class Ledger:
         self._hold_settled = True
         self._hold_listing: int | None = None
         self._sent: set[str] = set()  # request ids this process sent to Nova
-        self._own: set[str] = set()  # request ids of servers known to be ours (sent or adopted)
-        # Request ids of servers that left the snapshot since the last complete listing: the
-        # only entries of _own and _sent that complete listing may have to forget.
+        # A request is known to be ours (a server of it that turns up is no stray) while a
+        # create of it is in hand, a server of it is listed, or it is in one of these two sets
+        # until the next complete listing. Not one set of every listed server's request id:
+        # at 50,000 servers that would copy the snapshot's index (2 MiB) to answer a question
+        # only a server new to the snapshot asks.
+        self._settled: set[str] = set()  # request ids of creates settled since then
+        # Request ids of servers that left the snapshot since then: the only ones a complete
+        # listing may have to forget (in _sent too).
         self._own_unlisted: set[str] = set()
         self._above_max: set[str] = set()  # groups reported ABOVE_MAX_KEPT
         self._shared_reported: set[str] = set()  # requests reported SHARED_REQUEST_KEPT
@@ -895,9 +900,9 @@ class Ledger:
             self._report_above_max(group_id, orders)
         self._resend_stale_deletes(now, orders)
         self._forget_old(now, full=full)
-        if full and not self._first_sync_done:
-            # What was there at start is adopted whole: made by an earlier process.
-            self._own.update(s.request_id for s in self._snapshot.servers() if s.request_id)
+        if full:
+            # What was there at start is adopted whole (made by an earlier process): it is
+            # listed, so known.
             self._first_sync_done = True
         return orders.done()
 
@@ -989,18 +994,31 @@ class Ledger:
                 self._mark(server.server_id, server.group_id, DeleteReason.ORPHAN, now, orders)
                 continue
             if not self._writer:
-                if request_id is not None:
-                    self._own.add(request_id)  # the writer's: known, not a stray
-                continue
+                continue  # the writer's: listed, so known once this process writes
             if request_id is not None and request_id not in seen:
                 seen.add(request_id)
                 self._check_shared(request_id, now, orders)
-            known = request_id is not None and (
-                request_id in self._own or request_id in self._creates
-            )
-            if server.server_id in added and self._first_sync_done and not known:
+            if (
+                server.server_id in added
+                and self._first_sync_done
+                and not self._is_known(request_id, added)
+            ):
                 strays.setdefault(server.group_id, []).append(server)
         return strays
+
+    def _is_known(self, request_id: str | None, added: set[str]) -> bool:
+        """Whether a server of ``request_id`` that this listing added is of a request known
+        before it: one in hand, settled or unlisted since the last complete listing, or with
+        a server listed earlier (a stray's second server is its request's, not a new stray)."""
+        if request_id is None:
+            return False
+        if (
+            request_id in self._creates
+            or request_id in self._settled
+            or request_id in self._own_unlisted
+        ):
+            return True
+        return any(s.server_id not in added for s in self._snapshot.of_request(request_id))
 
     def _check_shared(self, request_id: str, now: float, orders: _Draft) -> None:
         """Two live servers of one request: if this process sent it, the second is deleted;
@@ -1062,12 +1080,13 @@ class Ledger:
         ):
             for key in [k for k, when in memory.items() if now - when > keep_for]:
                 del memory[key]
-        # A request is forgotten once no server of it is listed and no create of it is in hand.
+        # A request is forgotten once no server of it is listed and no create of it is in hand;
+        # a settled one is listed (known by that) or left since (unlisted).
         for request_id in self._own_unlisted:
             if not self._snapshot.has_request(request_id) and request_id not in self._creates:
-                self._own.discard(request_id)
                 self._sent.discard(request_id)
         self._own_unlisted.clear()
+        self._settled.clear()
 
     # -- transitions: the only code that changes a create or a mark ---------------------------
 
@@ -1081,7 +1100,7 @@ class Ledger:
 
     def _settle_create(self, create: Create, orders: _Draft) -> None:
         self._forget_create(create)
-        self._own.add(create.request_id)
+        self._settled.add(create.request_id)
         server_id = create.server_id
         if server_id is None:  # in doubt, Nova's answer lost: the server a listing showed
             listed = self._snapshot.of_request(create.request_id)
