@@ -413,6 +413,22 @@ class LedgerMachine(RuleBasedStateMachine):
             given = self.inventory.node_answer(node, self.now, check_node)
             assert given == self._direct_answer(name, provider_id), (name, provider_id)
 
+    @invariant()
+    def snapshot_look_ups_agree_with_its_servers(self) -> None:
+        """The snapshot's indexes (by name built at the first look-up, after any number of
+        listings, and kept from then on) find exactly the listed servers of that name or
+        request, whatever was added, changed or gone since."""
+        snapshot = self.inventory.snapshot
+        listed = list(snapshot.servers())
+        for entry in self.nova.values():
+            name, request_id = entry.server.name, entry.server.request_id
+            assert request_id is not None
+            by_id = lambda found: sorted(s.server_id for s in found)  # noqa: E731
+            assert by_id(snapshot.named(name)) == by_id(s for s in listed if s.name == name)
+            assert by_id(snapshot.of_request(request_id)) == by_id(
+                s for s in listed if s.request_id == request_id
+            )
+
     def _direct_answer(self, name: str, provider_id: str) -> NodeAnswer:
         group_id = self.inventory.group_for_node(name, provider_id)
         spec = None if group_id is None else self.inventory.cluster.group(group_id)

@@ -65,7 +65,9 @@ class Snapshot:
 
     _servers: dict[str, Server] = field(default_factory=dict)
     _by_group: dict[str, dict[str, Server]] = field(default_factory=dict)
-    _by_name: dict[str, _Ids] = field(default_factory=dict)
+    # Built at the first look-up by name, kept from then on: only a node without a provider id
+    # is looked up by name, and at 50,000 servers the index is 2 MiB no other read needs.
+    _by_name: dict[str, _Ids] | None = None
     _by_request: dict[str, _Ids] = field(default_factory=dict)
     _generations: dict[str, int] = field(default_factory=dict)
     _flavors: dict[str, Flavor] = field(default_factory=dict)
@@ -114,7 +116,12 @@ class Snapshot:
         return [self._servers[server_id] for server_id in self._claimed]
 
     def named(self, name: str) -> list[Server]:
-        return [self._servers[server_id] for server_id in _ids(self._by_name.get(name))]
+        by_name = self._by_name
+        if by_name is None:
+            by_name = self._by_name = {}
+            for server_id, server in self._servers.items():
+                by_name[server.name] = _with(by_name.get(server.name), server_id)
+        return [self._servers[server_id] for server_id in _ids(by_name.get(name))]
 
     def of_request(self, request_id: str) -> list[Server]:
         """Every listed server made for one create request (more than one is a duplicate)."""
@@ -199,7 +206,8 @@ class Snapshot:
         server_id, group_id = server.server_id, server.group_id
         self._servers[server_id] = server
         self._by_group.setdefault(group_id, {})[server_id] = server
-        self._by_name[server.name] = _with(self._by_name.get(server.name), server_id)
+        if self._by_name is not None:
+            self._by_name[server.name] = _with(self._by_name.get(server.name), server_id)
         if server.request_id:
             request_id = server.request_id
             self._by_request[request_id] = _with(self._by_request.get(request_id), server_id)
@@ -217,7 +225,8 @@ class Snapshot:
         del group[server_id]
         if not group:
             del self._by_group[server.group_id]
-        _drop(self._by_name, server.name, server_id)
+        if self._by_name is not None:
+            _drop(self._by_name, server.name, server_id)
         if server.request_id:
             _drop(self._by_request, server.request_id, server_id)
         self._count(server, -1)
