@@ -74,6 +74,7 @@ from osas.domain.servers import (
     ServerRecord,
     classify_fault,
     epoch_seconds,
+    server_name,
 )
 from osas.domain.sizing import IncreasePlan, plan_decrease, plan_delete, plan_increase
 from osas.domain.specs import (
@@ -134,7 +135,7 @@ def server(
     server_id = server_id or str(uuid.uuid4())
     return Server(
         server_id=server_id,
-        name=name or f"{CLUSTER}-{group}-{server_id[:8]}",
+        name_stem=name or f"{CLUSTER}-{group}-{server_id[:8]}",
         group_id=group,
         status=status,
         task_state=task_state,
@@ -463,13 +464,48 @@ def test_claim_server_with_all_marks():
     claimed = OwnershipMarks(CLUSTER).claim(rec)
     assert claimed == Server(
         server_id=rec.server_id,
-        name=rec.name,
+        name_stem=rec.name,
         group_id="workers",
         status="ACTIVE",
         task_state="deleting",
         request_id=REQ,
         fault=fault,
     )
+
+
+def test_a_name_osas_gives_is_kept_as_one_stem_per_group_and_any_other_name_whole():
+    """The names osas gives (cluster, group, the request id's start) share one stem string
+    per group; a name given by anyone else, or renamed by hand, is kept as it is."""
+    marks = OwnershipMarks(CLUSTER)
+    given = [
+        marks.claim(
+            dataclasses.replace(
+                record(metadata=marks.metadata("workers", r), tags=set(marks.tags(r))),
+                name=server_name(CLUSTER, "workers", r),
+            )
+        )
+        for r in (rid(), rid())
+    ]
+    assert all(s is not None and s.name_given for s in given)
+    first, second = given
+    assert first is not None
+    assert second is not None
+    assert first.name_stem is second.name_stem
+    assert first.name == server_name(CLUSTER, "workers", first.request_id or "")
+    for name in ("by-hand", "prod-workers-", "prod-workers-0123456789x", "prod-gpu-0123456789"):
+        claimed = marks.claim(dataclasses.replace(record(), name=name))
+        assert claimed is not None
+        assert (claimed.name, claimed.name_stem, claimed.name_given) == (name, name, False)
+    # Listed again unchanged: the same object; renamed by hand: a new one, with its name.
+    shown = dataclasses.replace(record(), name=server_name(CLUSTER, "workers", REQ))
+    listed = marks.claim(shown)
+    assert listed is not None
+    assert listed.name_given
+    assert marks.claim(dataclasses.replace(shown, metadata=dict(shown.metadata)), listed) is listed
+    renamed = marks.claim(dataclasses.replace(shown, name="by-hand"), listed)
+    assert renamed is not None
+    assert renamed is not listed
+    assert (renamed.name, renamed.name_given) == ("by-hand", False)
 
 
 def test_marks_written_on_create_are_the_ones_claimed():

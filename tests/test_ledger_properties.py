@@ -114,7 +114,7 @@ class LedgerMachine(RuleBasedStateMachine):
         server_id = str(uuid.uuid4())
         server = Server(
             server_id=server_id,
-            name=f"prod-workers-{request_id[:10]}",
+            name_stem=f"prod-workers-{request_id[:10]}",
             group_id="workers",
             status="BUILD",
             task_state=None,

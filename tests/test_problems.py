@@ -29,7 +29,7 @@ SETTINGS = ProblemSettings(stuck_build_after=1800.0, stuck_delete_after=600.0)
 def server(server_id: str, status: str = "ACTIVE", group: str = "workers", **changes) -> Server:
     made = Server(
         server_id=server_id,
-        name=f"testc-{group}-{server_id}",
+        name_stem=f"testc-{group}-{server_id}",
         group_id=group,
         status=status,
         task_state=None,

@@ -77,11 +77,6 @@ def parse_placeholder_id(value: str) -> tuple[str, str] | None:
     return group_id, request_id
 
 
-def server_name(cluster_name: str, group_id: str, request_id: str) -> str:
-    """Name of the server a create makes; derived from the request id so a retry reuses it."""
-    return f"{cluster_name}-{group_id}-{request_id[:10]}"
-
-
 @dataclass(frozen=True, slots=True)
 class ServerNode:
     """A node CA named by the provider id of one of our servers."""

@@ -32,6 +32,15 @@ TAG_CLUSTER_PREFIX = "osas-cluster="
 TAG_REQUEST_PREFIX = "osas-request="
 
 
+# How much of the request id the name of a server osas makes carries.
+NAME_REQUEST_ID_LENGTH = 10
+
+
+def server_name(cluster_name: str, group_id: str, request_id: str) -> str:
+    """Name of the server a create makes; derived from the request id so a retry reuses it."""
+    return f"{cluster_name}-{group_id}-{request_id[:NAME_REQUEST_ID_LENGTH]}"
+
+
 class ErrorClass(IntEnum):
     """InstanceErrorInfo.instanceErrorClass as the Cluster Autoscaler defines it."""
 
@@ -76,7 +85,11 @@ class Server:
     """A server that carries this cluster's marks for one node group."""
 
     server_id: str
-    name: str
+    # The name (``name``), kept whole; or, when ``name_given`` (the name osas gives its
+    # servers, ``ids.server_name``), only its stem of cluster and group, one string the
+    # group's servers share, the rest being the request id's first ten characters: at 50,000
+    # servers the names would be 3 MiB of text the request ids already hold.
+    name_stem: str
     group_id: str
     status: str
     task_state: str | None
@@ -87,6 +100,13 @@ class Server:
     created: float | None = None
     # Claimed from the warm pool and not finished (``META_CLAIMED``): when, since the epoch.
     claimed_at: float | None = None
+    name_given: bool = False
+
+    @property
+    def name(self) -> str:
+        if self.name_given and self.request_id is not None:
+            return self.name_stem + self.request_id[:NAME_REQUEST_ID_LENGTH]
+        return self.name_stem
 
     @property
     def is_deleting(self) -> bool:
@@ -122,6 +142,8 @@ class OwnershipMarks:
     cluster_name: str
     # Made once: a complete listing checks it on every server it shows.
     cluster_tag: str = field(init=False, repr=False, compare=False)
+    # Per group, the stem of the names osas gives its servers (``Server.name_stem``).
+    _stems: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cluster_tag", f"{TAG_CLUSTER_PREFIX}{self.cluster_name}")
@@ -162,11 +184,15 @@ class OwnershipMarks:
             and known.claimed_at == claimed_at
         ):
             return known
+        group_id = sys.intern(group_id)
+        stem = self._stem(group_id)
+        given = request_id is not None and record.name == stem + request_id[:NAME_REQUEST_ID_LENGTH]
         # Group ids, statuses and task states repeat across thousands of servers: one copy each.
         return Server(
             server_id=record.server_id,
-            name=record.name,
-            group_id=sys.intern(group_id),
+            name_stem=stem if given else record.name,
+            name_given=given,
+            group_id=group_id,
             status=sys.intern(status),
             task_state=None if record.task_state is None else sys.intern(record.task_state),
             request_id=request_id,
@@ -174,6 +200,13 @@ class OwnershipMarks:
             created=epoch_seconds(record.created),
             claimed_at=claimed_at,
         )
+
+    def _stem(self, group_id: str) -> str:
+        stem = self._stems.get(group_id)
+        if stem is None:
+            given = server_name(self.cluster_name, group_id, "")
+            stem = self._stems[group_id] = sys.intern(given)
+        return stem
 
     def warm(self, record: ServerRecord) -> WarmServer | None:
         """The server as one of a group's warm pool, or None unless it has the cluster tag,

@@ -4,8 +4,7 @@ ownership marks, as the workers send it for CA and the warm pools' keeper to ref
 from __future__ import annotations
 
 from osas.cloud.port import CreateServerRequest
-from osas.domain.ids import server_name
-from osas.domain.servers import OwnershipMarks
+from osas.domain.servers import OwnershipMarks, server_name
 from osas.domain.specs import ClusterSpec, NodeGroupSpec
 from osas.domain.warm import node_metadata, warm_metadata
 from osas.engine.userdata import SecretFiles, build_user_data, token_in_user_data

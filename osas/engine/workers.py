@@ -11,7 +11,6 @@ import structlog
 
 from osas.cloud.errors import CloudError, CloudUnavailable, QuotaExceeded, create_outcome
 from osas.cloud.port import Cloud, CreateServerRequest
-from osas.domain.ids import server_name
 from osas.domain.inventory import Inventory
 from osas.domain.ledger import (
     Created,
@@ -22,7 +21,7 @@ from osas.domain.ledger import (
     Orders,
     Refused,
 )
-from osas.domain.servers import ErrorClass, ErrorInfo, OwnershipMarks, ServerRecord
+from osas.domain.servers import ErrorClass, ErrorInfo, OwnershipMarks, ServerRecord, server_name
 from osas.domain.specs import ClusterSpec, NodeGroupSpec
 from osas.domain.warm import SHELVED, claim_metadata, claimable_by
 from osas.election.port import JoinTokenError, JoinTokens
