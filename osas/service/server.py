@@ -35,6 +35,9 @@ logger = structlog.get_logger(__name__)
 
 _SERVICE = externalgrpc_pb2.DESCRIPTOR.services_by_name["CloudProvider"]
 SERVICE_NAME = _SERVICE.full_name
+# Seconds open health Watch streams get at shutdown to write NOT_SERVING before they are
+# cancelled.
+_HEALTH_WATCH_FLUSH = 0.5
 
 Screen = Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Message | None]
 
@@ -326,7 +329,9 @@ class ProviderServer:
         if self._servers:
             server, health_server = self._servers
             await server.stop(self._settings.shutdown_grace)
-            await health_server.stop(None)
+            # Not None: that cancels open Watch streams at once, and one may not have written
+            # NOT_SERVING yet. A stream never ends by itself, so this is the whole wait.
+            await health_server.stop(_HEALTH_WATCH_FLUSH)
             self._servers = []
             logger.info("grpc stopped")
 
