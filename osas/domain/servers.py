@@ -86,7 +86,7 @@ class Server:
 
     server_id: str
     # The name (``name``), kept whole; or, when ``name_given`` (the name osas gives its
-    # servers, ``ids.server_name``), only its stem of cluster and group, one string the
+    # servers, ``server_name``), only its stem of cluster and group, one string the
     # group's servers share, the rest being the request id's first ten characters: at 50,000
     # servers the names would be 3 MiB of text the request ids already hold.
     name_stem: str
@@ -204,8 +204,7 @@ class OwnershipMarks:
     def _stem(self, group_id: str) -> str:
         stem = self._stems.get(group_id)
         if stem is None:
-            given = server_name(self.cluster_name, group_id, "")
-            stem = self._stems[group_id] = sys.intern(given)
+            stem = self._stems[group_id] = sys.intern(server_name(self.cluster_name, group_id, ""))
         return stem
 
     def warm(self, record: ServerRecord) -> WarmServer | None:

@@ -61,7 +61,7 @@ def _without(entry: _Ids, server_id: str) -> _Ids | None:
 
 @dataclass(slots=True)
 class Snapshot:
-    """Servers by id, with indexes by node group, name and request id."""
+    """Servers by id, with indexes by node group and request id, and by name once asked."""
 
     _servers: dict[str, Server] = field(default_factory=dict)
     _by_group: dict[str, dict[str, Server]] = field(default_factory=dict)
@@ -120,7 +120,8 @@ class Snapshot:
         if by_name is None:
             by_name = self._by_name = {}
             for server_id, server in self._servers.items():
-                by_name[server.name] = _with(by_name.get(server.name), server_id)
+                held = server.name  # made anew for a name osas gave (``Server.name``)
+                by_name[held] = _with(by_name.get(held), server_id)
         return [self._servers[server_id] for server_id in _ids(by_name.get(name))]
 
     def of_request(self, request_id: str) -> list[Server]:
@@ -207,7 +208,8 @@ class Snapshot:
         self._servers[server_id] = server
         self._by_group.setdefault(group_id, {})[server_id] = server
         if self._by_name is not None:
-            self._by_name[server.name] = _with(self._by_name.get(server.name), server_id)
+            name = server.name
+            self._by_name[name] = _with(self._by_name.get(name), server_id)
         if server.request_id:
             request_id = server.request_id
             self._by_request[request_id] = _with(self._by_request.get(request_id), server_id)
