@@ -120,8 +120,7 @@ class Snapshot:
         if by_name is None:
             by_name = self._by_name = {}
             for server_id, server in self._servers.items():
-                held = server.name  # made anew for a name osas gave (``Server.name``)
-                by_name[held] = _with(by_name.get(held), server_id)
+                _add(by_name, server.name, server_id)
         return [self._servers[server_id] for server_id in _ids(by_name.get(name))]
 
     def of_request(self, request_id: str) -> list[Server]:
@@ -208,11 +207,9 @@ class Snapshot:
         self._servers[server_id] = server
         self._by_group.setdefault(group_id, {})[server_id] = server
         if self._by_name is not None:
-            name = server.name
-            self._by_name[name] = _with(self._by_name.get(name), server_id)
+            _add(self._by_name, server.name, server_id)
         if server.request_id:
-            request_id = server.request_id
-            self._by_request[request_id] = _with(self._by_request.get(request_id), server_id)
+            _add(self._by_request, server.request_id, server_id)
         self._count(server, +1)
         if server.status == "BUILD":
             self._building.add(server_id)
@@ -235,6 +232,10 @@ class Snapshot:
         self._building.discard(server_id)
         self._claimed.discard(server_id)
         self._touch(server.group_id)
+
+
+def _add(index: dict[str, _Ids], key: str, server_id: str) -> None:
+    index[key] = _with(index.get(key), server_id)
 
 
 def _drop(index: dict[str, _Ids], key: str, server_id: str) -> None:
