@@ -311,7 +311,7 @@ class Ledger:
         self._settled: set[str] = set()  # request ids of creates settled since then
         # Request ids of servers that left the snapshot since then: the only ones a complete
         # listing may have to forget (in _sent too).
-        self._own_unlisted: set[str] = set()
+        self._gone_requests: set[str] = set()
         self._above_max: set[str] = set()  # groups reported ABOVE_MAX_KEPT
         self._shared_reported: set[str] = set()  # requests reported SHARED_REQUEST_KEPT
         self._generations: dict[str, int] = {}
@@ -749,7 +749,7 @@ class Ledger:
         elif outcome is DeleteOutcome.GONE:
             server = self._snapshot.forget(server_id)
             if server is not None and server.request_id:
-                self._own_unlisted.add(server.request_id)
+                self._gone_requests.add(server.request_id)
             self._removed[self._cluster.provider_ids.format(server_id)] = now
             group_id = mark.group_id if mark is not None else server.group_id if server else None
             if group_id is not None:
@@ -800,7 +800,7 @@ class Ledger:
         if server is not None:
             group_id = server.group_id
             if server.request_id:
-                self._own_unlisted.add(server.request_id)
+                self._gone_requests.add(server.request_id)
         elif create is not None:
             group_id = create.group_id
         else:
@@ -920,7 +920,7 @@ class Ledger:
         for server in diff.gone:
             self._removed[ids.format(server.server_id)] = now
             if server.request_id:
-                self._own_unlisted.add(server.request_id)
+                self._gone_requests.add(server.request_id)
         dropped = {server.server_id for server in diff.gone}
         for server_id, mark in list(self._deleting.items()):
             # A mark goes once a listing no longer shows the server. A listing begun after the
@@ -1008,14 +1008,15 @@ class Ledger:
 
     def _is_known(self, request_id: str | None, added: set[str]) -> bool:
         """Whether a server of ``request_id`` that this listing added is of a request known
-        before it: one in hand, settled or unlisted since the last complete listing, or with
-        a server listed earlier (a stray's second server is its request's, not a new stray)."""
+        before it: one in hand, one settled or whose server went since the last complete
+        listing, or one with a server listed earlier (a stray's second server is its
+        request's, not a new stray)."""
         if request_id is None:
             return False
         if (
             request_id in self._creates
             or request_id in self._settled
-            or request_id in self._own_unlisted
+            or request_id in self._gone_requests
         ):
             return True
         return any(s.server_id not in added for s in self._snapshot.of_request(request_id))
@@ -1081,11 +1082,11 @@ class Ledger:
             for key in [k for k, when in memory.items() if now - when > keep_for]:
                 del memory[key]
         # A request is forgotten once no server of it is listed and no create of it is in hand;
-        # a settled one is listed (known by that) or left since (unlisted).
-        for request_id in self._own_unlisted:
+        # a settled one is listed (known by that) or its server has gone since.
+        for request_id in self._gone_requests:
             if not self._snapshot.has_request(request_id) and request_id not in self._creates:
                 self._sent.discard(request_id)
-        self._own_unlisted.clear()
+        self._gone_requests.clear()
         self._settled.clear()
 
     # -- transitions: the only code that changes a create or a mark ---------------------------
