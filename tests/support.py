@@ -40,6 +40,8 @@ from osas.domain.servers import (
     META_REQUEST,
     META_WARM,
     TAG_CLUSTER_PREFIX,
+    TAG_REQUEST_PREFIX,
+    server_name,
 )
 from osas.protocol import externalgrpc_pb2 as pb
 from osas.sim import DEFAULT_PASSWORD, SimulatedOpenStack
@@ -419,6 +421,18 @@ def seed_ours(nova: FakeNova, count: int, group: str = "workers") -> list[str]:
         ).server_id
         for index in range(count)
     ]
+
+
+def seed_earlier(
+    nova: FakeNova, group: str, request_id: str, name: str | None = None
+) -> FakeServer:
+    """A server of an earlier osas: the cluster's and the group's marks and its request id in
+    metadata and tag, named as osas names it unless ``name`` says otherwise."""
+    return nova.seed(
+        name=name or server_name(CLUSTER, group, request_id),
+        metadata={META_CLUSTER: CLUSTER, META_GROUP: group, META_REQUEST: request_id},
+        tags=[TAG, f"{TAG_REQUEST_PREFIX}{request_id}"],
+    )
 
 
 def nodes(pairs: list[tuple[str, str]]) -> list[NodeInfo]:

@@ -30,13 +30,14 @@ from support import (
     expect_status,
     kept,
     ours,
+    seed_earlier,
     write_config,
 )
 
 from osas.config import load_config
 from osas.domain.ledger import MAX_SIZE_LOWERED, CreateState
 from osas.domain.problems import Problem
-from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST, TAG_REQUEST_PREFIX
+from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST
 from osas.sim import SimulatedOpenStack
 from osas.sim.model import FakeNova
 
@@ -51,11 +52,7 @@ async def test_running_servers_sharing_a_request_id_are_reported_not_deleted(tmp
     request_id = "0123456789abcdef0123456789abcdef"
     with SimulatedOpenStack(FakeNova(build_seconds=0.05)) as sim:
         for index in range(shared):
-            sim.nova.seed(
-                name=f"{CLUSTER}-big-copy-{index}",
-                metadata={META_CLUSTER: CLUSTER, META_GROUP: "big", META_REQUEST: request_id},
-                tags=[TAG, f"{TAG_REQUEST_PREFIX}{request_id}"],
-            )
+            seed_earlier(sim.nova, "big", request_id, name=f"{CLUSTER}-big-copy-{index}")
         config = big_config(tmp_path, node_groups=[{**BIG, "max_size": shared + 10}])
         provider = Provider(config, cloud_for(sim))
         with structlog.testing.capture_logs() as logs:
@@ -85,14 +82,8 @@ def seed_running(sim: SimulatedOpenStack, count: int, group: str = "big") -> set
     """Running servers of an earlier osas, each of its own request."""
     ids = set()
     for index in range(count):
-        request_id = f"{index:032x}"
-        ids.add(
-            sim.nova.seed(
-                name=f"{CLUSTER}-{group}-{index}",
-                metadata={META_CLUSTER: CLUSTER, META_GROUP: group, META_REQUEST: request_id},
-                tags=[TAG, f"{TAG_REQUEST_PREFIX}{request_id}"],
-            ).server_id
-        )
+        name = f"{CLUSTER}-{group}-{index}"
+        ids.add(seed_earlier(sim.nova, group, f"{index:032x}", name=name).server_id)
     return ids
 
 

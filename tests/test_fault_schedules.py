@@ -62,6 +62,7 @@ from support import (
     kept,
     ours,
     rotate_application_credential,
+    seed_earlier,
     write_clouds_yaml,
     write_config,
 )
@@ -76,7 +77,6 @@ from osas.domain.servers import (
     META_GROUP,
     META_REQUEST,
     TAG_CLUSTER_PREFIX,
-    TAG_REQUEST_PREFIX,
 )
 from osas.election.port import lease_name_for
 from osas.election.record import PROMISES_ANNOTATION
@@ -599,11 +599,8 @@ class FaultSchedule(RuleBasedStateMachine):
         found by a restart: kept and reported; they go only when CA scales them down."""
         request_id = f"e{len(self.earlier_life):031x}"
         for index in range(count):
-            server = self.sim.nova.seed(
-                name=f"{CLUSTER}-big-earlier-{request_id[:6]}-{index}",
-                metadata={META_CLUSTER: CLUSTER, META_GROUP: "big", META_REQUEST: request_id},
-                tags=[TAG, f"{TAG_REQUEST_PREFIX}{request_id}"],
-            )
+            name = f"{CLUSTER}-big-earlier-{request_id[:6]}-{index}"
+            server = seed_earlier(self.sim.nova, "big", request_id, name=name)
             self.earlier_life.add(server.server_id)
         self.bound += count
         self.loop.run(self._kill())

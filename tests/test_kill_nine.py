@@ -15,7 +15,6 @@ import grpc
 import pytest
 from support import (
     CLUSTER,
-    TAG,
     NovaWatch,
     ServedOsas,
     ca_client,
@@ -24,9 +23,10 @@ from support import (
     increase_once_allowed,
     kept,
     killable_config,
+    seed_earlier,
 )
 
-from osas.domain.servers import META_CLUSTER, META_GROUP, META_REQUEST, TAG_REQUEST_PREFIX
+from osas.domain.servers import META_GROUP
 from osas.sim import SimulatedOpenStack
 from osas.sim.model import FakeNova
 
@@ -46,12 +46,7 @@ def seed_an_hour_ago(sim: SimulatedOpenStack, count: int) -> list[str]:
     sim.nova.clock_offset = -3600.0
     ids = []
     for index in range(count):
-        request_id = f"{index:032x}"
-        server = sim.nova.seed(
-            name=f"{CLUSTER}-big-{index}",
-            metadata={META_CLUSTER: CLUSTER, META_GROUP: "big", META_REQUEST: request_id},
-            tags=[TAG, f"{TAG_REQUEST_PREFIX}{request_id}"],
-        )
+        server = seed_earlier(sim.nova, "big", f"{index:032x}", name=f"{CLUSTER}-big-{index}")
         ids.append(server.server_id)
     sim.nova.clock_offset = 0.0
     return ids

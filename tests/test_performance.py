@@ -25,6 +25,7 @@ from support import (
     ca_client,
     config_data,
     make_config,
+    seed_earlier,
     seed_ours,
     settings_for,
     write_config,
@@ -36,12 +37,8 @@ from osas.config import load_config
 from osas.domain.inventory import Inventory
 from osas.domain.servers import (
     META_CLUSTER,
-    META_GROUP,
-    META_REQUEST,
-    TAG_REQUEST_PREFIX,
     OwnershipMarks,
     Server,
-    server_name,
 )
 from osas.engine.queue import TaskQueue
 from osas.engine.reconciler import Reconciler
@@ -233,12 +230,7 @@ async def test_repeated_complete_listings_of_the_same_servers_keep_no_more_objec
 def seed_as_osas_made(nova: FakeNova, count: int, group: str = "big") -> None:
     """Servers as osas makes them: named for their request, with every mark."""
     for _ in range(count):
-        request_id = uuid.uuid4().hex
-        nova.seed(
-            name=server_name(CLUSTER, group, request_id),
-            metadata={META_CLUSTER: CLUSTER, META_GROUP: group, META_REQUEST: request_id},
-            tags=[TAG, f"{TAG_REQUEST_PREFIX}{request_id}"],
-        )
+        seed_earlier(nova, group, uuid.uuid4().hex)
 
 
 async def test_the_inventory_keeps_a_bounded_number_of_bytes_a_server(tmp_path):

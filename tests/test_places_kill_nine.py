@@ -43,6 +43,7 @@ from support import (
     kept,
     pod_env,
     replica_election,
+    seed_earlier,
     service_address,
     sim_group,
     until_through,
@@ -166,13 +167,8 @@ def seed_ours(region: SimRegion, group_id: str, count: int) -> list[str]:
     """Running servers of an earlier osas in the group's region."""
     ids = []
     for index in range(count):
-        request_id = f"{group_id}-earlier-{index}"
-        server = region.nova.seed(
-            name=f"{CLUSTER}-{group_id}-earlier{index}",
-            metadata={META_CLUSTER: CLUSTER, META_GROUP: group_id, META_REQUEST: request_id},
-            tags=[TAG, f"{TAG_REQUEST_PREFIX}{request_id}"],
-        )
-        ids.append(server.server_id)
+        request_id, name = f"{group_id}-earlier-{index}", f"{CLUSTER}-{group_id}-earlier{index}"
+        ids.append(seed_earlier(region.nova, group_id, request_id, name=name).server_id)
     return ids
 
 
